@@ -1,0 +1,1 @@
+"""Backends: the registry and the implementations (torch reference, cpu, cuda)."""

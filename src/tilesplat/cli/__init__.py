@@ -1,0 +1,53 @@
+"""The ``tilesplat`` command. Thin: parse arguments, build a config, call the library.
+
+Each subcommand is a module of this package with ``COMMAND`` (its name), ``HELP`` (one
+line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules import heavy packages
+inside ``run`` so that ``tilesplat --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+
+def _commands() -> list:
+    mods = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "COMMAND"):
+            mods.append(mod)
+    return mods
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tilesplat", description="Differentiable 3D Gaussian Splatting on CPU and GPU."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for mod in _commands():
+        p = sub.add_parser(mod.COMMAND, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+        # A user's mistake: say what was wrong without a traceback.
+        print(f"tilesplat {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""Constants of the rendering contract (DESIGN.md), defined once for every backend."""
+
+ALPHA_CLAMP = 0.999  # alpha = min(ALPHA_CLAMP, opacity * exp(-sigma))
+ALPHA_SKIP = 1.0 / 255.0  # a pair with alpha below this is skipped
+TRANSMITTANCE_STOP = 1e-4  # a pixel stops when T would fall to this or below
+PIXEL_CENTER = 0.5  # pixel (x, y) is sampled at (x + 0.5, y + 0.5)
+RADIUS_SIGMAS = 3.33  # radii = ceil(RADIUS_SIGMAS * sqrt(diag(cov2d)))
+DET_MIN = 1e-10  # lower clamp of det(cov2d) before inversion, as gsplat's reference
+FISHEYE_EPS = 1e-7  # gsplat's epsilon in the fisheye projection
+DEFAULT_TILE_SIZE = 16
+
+CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
+RASTERIZE_MODES = ("classic", "antialiased")
+RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
+BACKWARD_SCHEMES = ("per_pixel", "per_splat")
+SH_MAX_DEGREE = 4

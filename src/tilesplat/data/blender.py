@@ -1,0 +1,209 @@
+"""Blender / NeRF-synthetic datasets: ``transforms_{train,val,test}.json`` and RGBA PNGs.
+
+Each JSON holds ``camera_angle_x`` (horizontal field of view, radians) and optionally
+``fl_x, fl_y, cx, cy, w, h`` (top level or per frame), and ``frames`` with ``file_path``
+(relative to the dataset folder, with or without ``.png``) and ``transform_matrix``: 4x4
+camera-to-world in OpenGL / Blender axes (x right, y up, z backward). The val split is not
+loaded: train and test are what 3DGS uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..io.images import image_size, read_image, resize_image
+from .dataset import (
+    Frame,
+    SceneDataset,
+    cameras_extent,
+    image_to_tensors,
+    look_at_point,
+    split_every,
+)
+
+# OpenGL camera axes (y up, z backward) -> OpenCV (y down, z forward): flip the y and z columns.
+GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
+
+
+def read_transforms(path: Path) -> dict[str, Any]:
+    """Parse and check one ``transforms_*.json``.
+
+    Raises:
+        FileNotFoundError / ValueError naming the file.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"Blender transforms file not found: {path}")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    frames = meta.get("frames")
+    if not isinstance(frames, list) or not frames:
+        raise ValueError(f"{path}: expected a non-empty list 'frames'")
+    for i, fr in enumerate(frames):
+        if not isinstance(fr, dict) or "file_path" not in fr or "transform_matrix" not in fr:
+            raise ValueError(f"{path}: frame {i} needs 'file_path' and 'transform_matrix'")
+        try:
+            mat = np.asarray(fr["transform_matrix"], dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: frame {i} 'transform_matrix' is not numeric") from e
+        if mat.shape != (4, 4) or not np.isfinite(mat).all():
+            raise ValueError(
+                f"{path}: frame {i} 'transform_matrix' must be a finite 4x4 matrix, "
+                f"got shape {list(mat.shape)}"
+            )
+        if abs(np.linalg.det(mat[:3, :3])) < 1e-8:
+            raise ValueError(f"{path}: frame {i} 'transform_matrix' is singular")
+        if not any(k in fr or k in meta for k in ("camera_angle_x", "fl_x")):
+            raise ValueError(f"{path}: frame {i} has no 'camera_angle_x' or 'fl_x'")
+    return meta
+
+
+def blender_c2w_to_viewmat(c2w: np.ndarray) -> np.ndarray:
+    """[4, 4] camera-to-world in OpenGL axes -> [4, 4] world-to-camera in OpenCV axes."""
+    return np.linalg.inv(c2w @ GL_TO_CV)
+
+
+def _image_file(root: Path, file_path: str) -> Path:
+    p = root / file_path
+    if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".exr") and p.is_file():
+        return p
+    if (p.parent / (p.name + ".png")).is_file():
+        return p.parent / (p.name + ".png")
+    if p.is_file():
+        return p
+    raise FileNotFoundError(f"image of frame '{file_path}' not found: {p} (or {p}.png)")
+
+
+def _intrinsics(src: dict[str, Any], width: int, height: int, json_path: Path) -> np.ndarray:
+    """[3, 3] pinhole K at the size (width, height) given in the file (or of the image)."""
+    try:
+        if "fl_x" in src:
+            fx = float(src["fl_x"])
+            fy = float(src.get("fl_y", fx))
+        else:
+            fx = 0.5 * width / math.tan(0.5 * float(src["camera_angle_x"]))
+            fy = (
+                0.5 * height / math.tan(0.5 * float(src["camera_angle_y"]))
+                if "camera_angle_y" in src
+                else fx
+            )
+        cx = float(src.get("cx", width / 2.0))
+        cy = float(src.get("cy", height / 2.0))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{json_path}: intrinsics are not numbers ({e})") from e
+    if not (fx > 0 and fy > 0 and math.isfinite(fx) and math.isfinite(fy)):
+        raise ValueError(f"{json_path}: focal length must be positive, got fx={fx}, fy={fy}")
+    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+
+
+def load_frame(
+    root: Path,
+    meta: dict[str, Any],
+    fr: dict[str, Any],
+    json_path: Path,
+    downscale: int,
+    background: tuple[float, float, float],
+    size: tuple[int, int] | None = None,
+) -> Frame:
+    """Load one frame: image (composited and downscaled), pose and intrinsics.
+
+    ``size`` (width, height), when given, is the size the source image must have.
+    """
+    src = {**meta, **fr}  # per-frame intrinsics override the top-level ones
+    img_path = _image_file(root, str(fr["file_path"]))
+    img = read_image(img_path)
+    h, w = img.shape[:2]
+    exp_w, exp_h = src.get("w"), src.get("h")
+    if exp_w is not None and exp_h is not None and (int(exp_w), int(exp_h)) != (w, h):
+        raise ValueError(
+            f"{img_path}: image is {w}x{h} but {json_path.name} says w={exp_w}, h={exp_h}"
+        )
+    if size is not None and (w, h) != size:
+        raise ValueError(
+            f"{img_path}: image is {w}x{h} but the first train image is {size[0]}x{size[1]}; "
+            "all images of a Blender dataset must have one size"
+        )
+    K = _intrinsics(src, w, h, json_path)
+    if downscale > 1:
+        nw, nh = max(1, w // downscale), max(1, h // downscale)
+        K[0] *= nw / w
+        K[1] *= nh / h
+        if img.shape[2] == 4:
+            # Composite first: resizing is linear, so this equals resizing premultiplied RGBA.
+            rgb, alpha = image_to_tensors(img, background)
+            img = resize_image(np.concatenate([rgb.numpy(), alpha.numpy()], axis=2), nw, nh)
+            rgb = torch.from_numpy(np.ascontiguousarray(img[:, :, :3]))
+            alpha = torch.from_numpy(np.ascontiguousarray(img[:, :, 3:4]))
+        else:
+            rgb, alpha = image_to_tensors(resize_image(img, nw, nh), background)
+        w, h = nw, nh
+    else:
+        rgb, alpha = image_to_tensors(img, background)
+    viewmat = blender_c2w_to_viewmat(np.asarray(fr["transform_matrix"], dtype=np.float64))
+    return Frame(
+        name=img_path.stem,
+        viewmat=torch.from_numpy(viewmat).float(),
+        K=torch.from_numpy(K).float(),
+        width=w,
+        height=h,
+        image=rgb,
+        alpha=alpha,
+    )
+
+
+def load_blender(
+    path: str | Path,
+    *,
+    downscale: int = 1,
+    white_background: bool = True,
+    test_every: int = 8,
+) -> SceneDataset:
+    """Load a Blender / NeRF-synthetic dataset (see the module docstring for the layout).
+
+    Without ``transforms_test.json``, the train frames are split every ``test_every``-th.
+    """
+    root = Path(path)
+    background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
+    train_json = root / "transforms_train.json"
+    test_json = root / "transforms_test.json"
+    train_meta = read_transforms(train_json)
+    # every source image must have the size of the first train image
+    size = image_size(_image_file(root, str(train_meta["frames"][0]["file_path"])))
+    train = [
+        load_frame(root, train_meta, fr, train_json, downscale, background, size)
+        for fr in train_meta["frames"]
+    ]
+    if test_json.exists():
+        test_meta = read_transforms(test_json)
+        test = [
+            load_frame(root, test_meta, fr, test_json, downscale, background, size)
+            for fr in test_meta["frames"]
+        ]
+    else:
+        tr, te = split_every([f.name for f in train], test_every)
+        train, test = [train[i] for i in tr], [train[i] for i in te]
+    if not train:
+        raise ValueError(f"{root}: no train frames left after the test split")
+    centers = np.stack([f.camera_center.double().numpy() for f in train])
+    forwards = np.stack([f.viewmat[2, :3].double().numpy() for f in train])  # camera +z, world
+    center = look_at_point(centers, forwards)
+    return SceneDataset(
+        train=train,
+        test=test,
+        points=None,
+        points_rgb=None,
+        scene_center=torch.from_numpy(center).float(),
+        scene_radius=cameras_extent(centers, center),
+        background=background,
+        kind="blender",
+        path=root,
+    )

@@ -1,0 +1,256 @@
+"""Readers of COLMAP's sparse model files, binary and text, as documented at
+https://colmap.github.io/format.html. Every malformed or truncated file raises a ValueError
+naming the file and what was expected.
+
+Written here rather than depending on ``pycolmap``: the reader is ~250 lines of ``struct``, and
+pycolmap is a large compiled wheel (with its own ceres / OpenCV-style stack) that is not built
+for every platform and Python we support; loading a model needs none of it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# model_id -> (name, number of parameters), from COLMAP's src/colmap/sensor/models.h
+CAMERA_MODELS: dict[int, tuple[str, int]] = {
+    0: ("SIMPLE_PINHOLE", 3),
+    1: ("PINHOLE", 4),
+    2: ("SIMPLE_RADIAL", 4),
+    3: ("RADIAL", 5),
+    4: ("OPENCV", 8),
+    5: ("OPENCV_FISHEYE", 8),
+    6: ("FULL_OPENCV", 12),
+    7: ("FOV", 5),
+    8: ("SIMPLE_RADIAL_FISHEYE", 4),
+    9: ("RADIAL_FISHEYE", 5),
+    10: ("THIN_PRISM_FISHEYE", 12),
+    11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
+}
+MODEL_IDS = {name: (mid, n) for mid, (name, n) in CAMERA_MODELS.items()}
+
+
+@dataclass
+class ColmapCamera:
+    camera_id: int
+    model: str
+    width: int
+    height: int
+    params: np.ndarray  # [num_params] float64
+
+
+@dataclass
+class ColmapImage:
+    image_id: int
+    qvec: np.ndarray  # [4] float64 (w, x, y, z), world-to-camera rotation
+    tvec: np.ndarray  # [3] float64, world-to-camera translation
+    camera_id: int
+    name: str
+
+
+class _Reader:
+    """A cursor over a byte buffer whose reads fail with a message naming the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.buf = path.read_bytes()
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError(
+                f"{self.path}: truncated or corrupt file: needed {n} bytes for {what} at "
+                f"offset {self.pos}, but the file has {len(self.buf)} bytes"
+            )
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))
+
+    def count(self, what: str, item_size: int) -> int:
+        """A uint64 count that must fit in the rest of the file at ``item_size`` bytes each."""
+        (n,) = self.unpack("Q", f"the number of {what}")
+        if n * item_size > len(self.buf) - self.pos:
+            raise ValueError(
+                f"{self.path}: truncated or corrupt file: it declares {n} {what} "
+                f"(>= {n * item_size} bytes) but only {len(self.buf) - self.pos} bytes follow"
+            )
+        return n
+
+    def cstring(self, what: str) -> str:
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            raise ValueError(f"{self.path}: truncated file: unterminated {what}")
+        raw = self.take(end - self.pos + 1, what)[:-1]
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self.path}: {what} is not valid UTF-8") from e
+
+    def finish(self) -> None:
+        if self.pos != len(self.buf):
+            raise ValueError(
+                f"{self.path}: corrupt file: {len(self.buf) - self.pos} unexpected bytes after "
+                f"the last record (offset {self.pos})"
+            )
+
+
+def read_cameras_bin(path: Path) -> dict[int, ColmapCamera]:
+    r = _Reader(path)
+    cams = {}
+    for _ in range(r.count("cameras", 24)):
+        cam_id, model_id, w, h = r.unpack("iiQQ", "a camera record")
+        if model_id not in CAMERA_MODELS:
+            raise ValueError(f"{path}: camera {cam_id} has unknown camera model id {model_id}")
+        name, n = CAMERA_MODELS[model_id]
+        params = np.array(r.unpack(f"{n}d", f"the {n} parameters of camera {cam_id}"))
+        cams[cam_id] = ColmapCamera(cam_id, name, int(w), int(h), params)
+    r.finish()
+    return cams
+
+
+def read_images_bin(path: Path) -> dict[int, ColmapImage]:
+    r = _Reader(path)
+    images = {}
+    for _ in range(r.count("images", 64 + 1 + 8)):
+        vals = r.unpack("i7di", "an image record")
+        name = r.cstring(f"the name of image {vals[0]}")
+        n2d = r.count(f"2D points of image {vals[0]}", 24)
+        r.take(24 * n2d, f"the 2D points of image {vals[0]}")
+        images[vals[0]] = ColmapImage(
+            vals[0], np.array(vals[1:5]), np.array(vals[5:8]), vals[8], name
+        )
+    r.finish()
+    return images
+
+
+def read_points3d_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
+    r = _Reader(path)
+    n = r.count("3D points", 43 + 8)
+    xyz = np.empty((n, 3))
+    rgb = np.empty((n, 3), dtype=np.uint8)
+    for i in range(n):
+        vals = r.unpack("Q3d3Bd", f"3D point record {i}")
+        xyz[i] = vals[1:4]
+        rgb[i] = vals[4:7]
+        track = r.count(f"track entries of 3D point {vals[0]}", 8)
+        r.take(8 * track, f"the track of 3D point {vals[0]}")
+    r.finish()
+    return xyz, rgb
+
+
+def _text_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, line) of a text file, comments removed, empty lines kept."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file ({e})") from e
+    return [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines()) if not ln.startswith("#")]
+
+
+def _parse(path: Path, lineno: int, tokens: list[str], types: list[type], what: str) -> list:
+    if len(tokens) < len(types):
+        raise ValueError(
+            f"{path}:{lineno}: expected {what} ({len(types)} values), got {len(tokens)} values"
+        )
+    try:
+        return [t(v) for t, v in zip(types, tokens, strict=False)]
+    except ValueError as e:
+        raise ValueError(f"{path}:{lineno}: malformed {what}: {e}") from e
+
+
+def read_cameras_txt(path: Path) -> dict[int, ColmapCamera]:
+    cams = {}
+    for lineno, line in _text_lines(path):
+        if not line:
+            continue
+        tok = line.split()
+        cam_id, model, w, h = _parse(path, lineno, tok, [int, str, int, int], "a camera line")
+        if model not in MODEL_IDS:
+            raise ValueError(f"{path}:{lineno}: unknown camera model {model!r}")
+        n = MODEL_IDS[model][1]
+        params = _parse(path, lineno, tok[4:], [float] * n, f"{n} parameters of {model}")
+        if len(tok) != 4 + n:
+            raise ValueError(f"{path}:{lineno}: {model} takes {n} parameters, got {len(tok) - 4}")
+        cams[cam_id] = ColmapCamera(cam_id, model, w, h, np.array(params))
+    return cams
+
+
+def read_images_txt(path: Path) -> dict[int, ColmapImage]:
+    """Two lines per image: the pose line, then the 2D points line (which may be empty)."""
+    lines = _text_lines(path)
+    images = {}
+    i = 0
+    while i < len(lines):
+        lineno, line = lines[i]
+        i += 1
+        if not line:
+            continue
+        tok = line.split(maxsplit=9)
+        vals = _parse(path, lineno, tok, [int] + [float] * 7 + [int, str], "an image line")
+        i += 1  # the points line; it is not needed
+        images[vals[0]] = ColmapImage(
+            vals[0], np.array(vals[1:5]), np.array(vals[5:8]), vals[8], vals[9]
+        )
+    return images
+
+
+def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    xyz, rgb = [], []
+    for lineno, line in _text_lines(path):
+        if not line:
+            continue
+        tok = line.split()
+        v = _parse(path, lineno, tok, [int] + [float] * 3 + [int] * 3 + [float], "a 3D point")
+        if (len(tok) - 8) % 2:
+            raise ValueError(f"{path}:{lineno}: the track must hold (IMAGE_ID, POINT2D_IDX) pairs")
+        if not all(0 <= c <= 255 for c in v[4:7]):
+            raise ValueError(f"{path}:{lineno}: colour values must be in 0..255")
+        xyz.append(v[1:4])
+        rgb.append(v[4:7])
+    return np.array(xyz, dtype=np.float64).reshape(-1, 3), np.array(rgb, dtype=np.uint8).reshape(
+        -1, 3
+    )
+
+
+def read_model(
+    sparse: Path,
+) -> tuple[dict[int, ColmapCamera], dict[int, ColmapImage], np.ndarray, np.ndarray]:
+    """Read cameras, images, points3D from ``sparse`` (``.bin`` preferred over ``.txt``).
+
+    Returns:
+        (cameras, images, xyz [P, 3] float64, rgb [P, 3] uint8)
+    """
+    readers = {
+        "cameras": (read_cameras_bin, read_cameras_txt),
+        "images": (read_images_bin, read_images_txt),
+        "points3D": (read_points3d_bin, read_points3d_txt),
+    }
+    out = {}
+    for stem, (rbin, rtxt) in readers.items():
+        if (sparse / f"{stem}.bin").is_file():
+            out[stem] = rbin(sparse / f"{stem}.bin")
+        elif (sparse / f"{stem}.txt").is_file():
+            out[stem] = rtxt(sparse / f"{stem}.txt")
+        else:
+            raise FileNotFoundError(f"COLMAP model file not found: {sparse / stem}.bin (or .txt)")
+    xyz, rgb = out["points3D"]
+    return out["cameras"], out["images"], xyz, rgb
+
+
+def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:
+    """[4] quaternion (w, x, y, z), normalised here -> [3, 3] rotation matrix."""
+    w, x, y, z = q / np.linalg.norm(q)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )

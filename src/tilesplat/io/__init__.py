@@ -1,0 +1,1 @@
+"""File formats: PLY in the original 3DGS layout."""

@@ -1,0 +1,186 @@
+"""Checks of user input shared by every public op, so every backend gets the same errors.
+
+Errors name the argument, what was expected and what came, e.g.
+``ValueError: expected means2d [..., N, 2], got (4, 3)``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable
+from numbers import Integral, Real
+
+import torch
+from torch import Tensor
+
+_FLOATS = (torch.float32, torch.float64)
+_INTS = (torch.int32, torch.int64)
+_settings: dict[str, bool | None] = {"finite": None}
+
+
+def set_check_finite(enabled: bool | None) -> None:
+    """Turns the NaN/Inf check of float inputs on or off (None: back to the default).
+
+    The default is on, or what ``TILESPLAT_CHECK_FINITE`` says (``0`` turns it off). The check
+    reads every input once; turn it off in a tight training loop once the inputs are trusted.
+    """
+    _settings["finite"] = enabled
+
+
+def check_finite_enabled() -> bool:
+    if _settings["finite"] is not None:
+        return bool(_settings["finite"])
+    return os.environ.get("TILESPLAT_CHECK_FINITE", "1") not in ("0", "false", "False", "no")
+
+
+_TOKEN = re.compile(r"\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+")
+
+
+class Shapes:
+    """Checks tensor shapes against patterns like ``"..., N, 2"``, binding named sizes.
+
+    ``...`` binds the leading batch dimensions on first use; later patterns must agree.
+    """
+
+    def __init__(self, **known: int | tuple[int, ...]) -> None:
+        self.dims: dict[str, int | tuple[int, ...]] = dict(known)
+
+    def _describe(self, pattern: str) -> str:
+        return "[" + pattern + "]"
+
+    def check(self, name: str, t: Tensor, pattern: str) -> None:
+        tokens = _TOKEN.findall(pattern)
+        shape = tuple(t.shape)
+        expected = f"expected {name} {self._describe(pattern)}"
+        bound = ", ".join(f"{k}={v}" for k, v in self.dims.items() if k in tokens)
+        where = f" (with {bound})" if bound else ""
+        fixed = [tok for tok in tokens if tok != "..."]
+        if "..." in tokens:
+            if tokens[0] != "...":
+                raise AssertionError("'...' must lead a pattern")
+            if len(shape) < len(fixed):
+                raise ValueError(f"{expected}{where}, got {shape}")
+            lead, rest = shape[: len(shape) - len(fixed)], shape[len(shape) - len(fixed) :]
+            if "..." in self.dims and self.dims["..."] != lead:
+                raise ValueError(f"{expected}{where}, got {shape}")
+        else:
+            if len(shape) != len(fixed):
+                raise ValueError(f"{expected}{where}, got {shape}")
+            lead, rest = (), shape
+        new: dict[str, int | tuple[int, ...]] = {}
+        for tok, size in zip(fixed, rest, strict=True):
+            if tok.isdigit():
+                if size != int(tok):
+                    raise ValueError(f"{expected}{where}, got {shape}")
+            else:
+                want = self.dims.get(tok, new.get(tok))
+                if want is not None and want != size:
+                    raise ValueError(f"{expected}{where}, got {shape}")
+                new[tok] = size
+        if "..." in tokens:
+            new["..."] = lead
+        self.dims.update(new)
+
+    def __getitem__(self, key: str):
+        return self.dims[key]
+
+
+def check_tensor(name: str, t: object, kind: str = "float") -> Tensor:
+    """Checks that ``t`` is a tensor of the given kind: ``float``, ``int`` or ``bool``."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"expected {name} to be a torch.Tensor, got {type(t).__name__}")
+    if kind == "float" and t.dtype not in _FLOATS:
+        raise TypeError(f"expected {name} of dtype float32 or float64, got {t.dtype}")
+    if kind == "int" and t.dtype not in _INTS:
+        raise TypeError(f"expected {name} of dtype int32 or int64, got {t.dtype}")
+    if kind == "bool" and t.dtype != torch.bool:
+        raise TypeError(f"expected {name} of dtype bool, got {t.dtype}")
+    return t
+
+
+def common_float(named: dict[str, Tensor | None]) -> tuple[torch.dtype, torch.device]:
+    """The one float dtype and device of all given tensors; mixed ones raise.
+
+    Float tensors must share a dtype (no silent float32/float64 mixing); every tensor
+    (floats, ints, masks) must be on one device.
+    """
+    dtype = device = None
+    first_f = first_d = None
+    for name, t in named.items():
+        if t is None:
+            continue
+        if t.is_floating_point():
+            if dtype is None:
+                dtype, first_f = t.dtype, name
+            elif t.dtype != dtype:
+                raise TypeError(
+                    f"mixed float dtypes: {first_f} is {dtype} but {name} is {t.dtype}; "
+                    "convert them to one dtype"
+                )
+        if device is None:
+            device, first_d = t.device, name
+        elif t.device != device:
+            raise ValueError(
+                f"tensors on different devices: {first_d} is on {device} but {name} is on "
+                f"{t.device}"
+            )
+    if dtype is None:
+        raise TypeError("expected at least one float tensor")
+    return dtype, device
+
+
+def check_finite(named: dict[str, Tensor | None]) -> None:
+    """Rejects NaN or Inf in float tensors (unless switched off by set_check_finite)."""
+    if not check_finite_enabled():
+        return
+    for name, t in named.items():
+        if t is not None and t.is_floating_point() and t.numel() and not bool(
+            torch.isfinite(t).all()
+        ):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(
+                f"{name} contains {bad} NaN or Inf value(s); "
+                "tilesplat.set_check_finite(False) skips this check"
+            )
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
+        raise ValueError(f"expected {name} to be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_int_at_least(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < low:
+        raise ValueError(f"expected {name} to be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_real(name: str, value: object, low: float | None = None,
+               low_inclusive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(float(value)):
+        raise ValueError(f"expected {name} to be a real number, got {value!r}")
+    v = float(value)
+    if low is not None and (v < low or (v == low and not low_inclusive)):
+        op = ">=" if low_inclusive else ">"
+        raise ValueError(f"expected {name} {op} {low}, got {value!r}")
+    return v
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"expected {name} to be one of {list(choices)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected {name} to be a bool, got {type(value).__name__}")
+    return value
+
+
+def as_int32(t: Tensor) -> Tensor:
+    return t if t.dtype == torch.int32 else t.to(torch.int32)

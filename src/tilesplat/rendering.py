@@ -1,0 +1,266 @@
+"""``rasterization()``: the one high-level call, gsplat 1.5.3 compatible.
+
+Projection → (SH colours) → tile intersection → rasterization, returning images, alphas and
+the intermediate results in ``meta``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .backends.registry import current_backward_scheme
+from .constants import RASTERIZE_MODES, RENDER_MODES
+from .ops import (
+    fully_fused_projection,
+    isect_offset_encode,
+    isect_tiles,
+    rasterize_to_pixels,
+    spherical_harmonics,
+)
+from .ops.validation import (
+    Shapes,
+    check_bool,
+    check_choice,
+    check_int_at_least,
+    check_positive_int,
+    check_tensor,
+)
+
+_UNSUPPORTED = {
+    "distributed": False,
+    "with_ut": False,
+    "with_eval3d": False,
+    "radial_coeffs": None,
+    "tangential_coeffs": None,
+    "thin_prism_coeffs": None,
+    "ftheta_coeffs": None,
+    "viewmats_rs": None,
+}
+
+
+def _check_unsupported(**given) -> None:
+    for name, value in given.items():
+        default = _UNSUPPORTED[name]
+        if value is not default and value != default:
+            raise NotImplementedError(
+                f"rasterization({name}=...) is not supported by tilesplat yet "
+                f"(leave it at {default!r})"
+            )
+
+
+def rasterization(
+    means: Tensor,  # [..., N, 3]
+    quats: Tensor | None,  # [..., N, 4]
+    scales: Tensor | None,  # [..., N, 3]
+    opacities: Tensor,  # [..., N]
+    colors: Tensor,  # [..., (C,) N, D] or [..., (C,) N, K, 3]
+    viewmats: Tensor,  # [..., C, 4, 4]
+    Ks: Tensor,  # [..., C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+    sh_degree: int | None = None,
+    packed: bool = True,
+    tile_size: int = 16,
+    backgrounds: Tensor | None = None,  # [..., C, D]
+    render_mode: str = "RGB",
+    sparse_grad: bool = False,
+    absgrad: bool = False,
+    rasterize_mode: str = "classic",
+    channel_chunk: int = 32,
+    distributed: bool = False,
+    camera_model: str = "pinhole",
+    segmented: bool = False,
+    covars: Tensor | None = None,  # [..., N, 3, 3]
+    with_ut: bool = False,
+    with_eval3d: bool = False,
+    radial_coeffs: Tensor | None = None,
+    tangential_coeffs: Tensor | None = None,
+    thin_prism_coeffs: Tensor | None = None,
+    ftheta_coeffs: object | None = None,
+    rolling_shutter: object | None = None,
+    viewmats_rs: Tensor | None = None,
+    *,
+    backward_scheme: str | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor, dict]:
+    """Rasterizes N 3D Gaussians into C images (gsplat 1.5.3 ``rasterization``).
+
+    Args (as gsplat; see its documentation for the details):
+        means: centres. [..., N, 3]
+        quats: quaternions (w, x, y, z), not necessarily normalised. [..., N, 4]
+        scales: scales. [..., N, 3]
+        opacities: opacities in [0, 1]. [..., N]
+        colors: post-activation colours [..., (C,) N, D], or SH coefficients
+            [..., (C,) N, K, 3] when ``sh_degree`` is set (colour = SH + 0.5, clamped at 0).
+        viewmats: world-to-camera matrices. [..., C, 4, 4]
+        Ks: intrinsics. [..., C, 3, 3]
+        width, height: image size in pixels.
+        packed: compact the visible (camera, Gaussian) pairs (same images as unpacked).
+        backgrounds: background colours. [..., C, D]
+        render_mode: ``RGB``, ``D``, ``ED``, ``RGB+D`` or ``RGB+ED``.
+        absgrad: put sum over pixels of |d loss / d means2d| on ``meta["means2d"].absgrad``.
+        rasterize_mode: ``classic`` or ``antialiased`` (opacity × compensation).
+        channel_chunk: rasterize at most this many channels at a time.
+        camera_model: ``pinhole``, ``ortho`` or ``fisheye``.
+        covars: covariances [..., N, 3, 3] instead of quats and scales.
+        backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
+        backend: ``auto``, ``torch``, ``cpu`` or ``cuda`` (tilesplat extension).
+        segmented: accepted for compatibility (no effect).
+
+    Returns:
+        render_colors [..., C, H, W, X] (X = D, 1, or D+1 by render_mode), render_alphas
+        [..., C, H, W, 1], and meta (radii, means2d, depths, conics, opacities, tile grid,
+        isect_ids, flatten_ids, isect_offsets, last_ids, ...).
+    """
+    _check_unsupported(
+        distributed=distributed, with_ut=with_ut, with_eval3d=with_eval3d,
+        radial_coeffs=radial_coeffs, tangential_coeffs=tangential_coeffs,
+        thin_prism_coeffs=thin_prism_coeffs, ftheta_coeffs=ftheta_coeffs,
+        viewmats_rs=viewmats_rs,
+    )
+    if rolling_shutter is not None and getattr(rolling_shutter, "name", "GLOBAL") != "GLOBAL":
+        raise NotImplementedError("rasterization(rolling_shutter=...) is not supported yet")
+    check_choice("render_mode", render_mode, RENDER_MODES)
+    check_choice("rasterize_mode", rasterize_mode, RASTERIZE_MODES)
+    tile_size = check_positive_int("tile_size", tile_size)
+    channel_chunk = check_positive_int("channel_chunk", channel_chunk)
+    width = check_positive_int("width", width)
+    height = check_positive_int("height", height)
+    check_bool("packed", packed)
+    check_bool("absgrad", absgrad)
+    scheme = current_backward_scheme(backward_scheme)
+
+    check_tensor("means", means)
+    check_tensor("opacities", opacities)
+    check_tensor("colors", colors)
+    check_tensor("viewmats", viewmats)
+    s = Shapes()
+    s.check("means", means, "..., N, 3")
+    batch_dims = s["..."]
+    nb = len(batch_dims)
+    s.check("opacities", opacities, "..., N")
+    s.check("viewmats", viewmats, "..., C, 4, 4")
+    B, N, C = math.prod(batch_dims), s["N"], s["C"]
+    tri = None
+    if covars is not None:
+        check_tensor("covars", covars)
+        s.check("covars", covars, "..., N, 3, 3")
+        tri = covars[..., [0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2]]
+        quats = scales = None
+    elif quats is None or scales is None:
+        raise ValueError("expected quats and scales, or covars; got neither")
+
+    if sh_degree is None:
+        per_view = colors.dim() == nb + 3
+        pattern = "..., C, N, D" if per_view else "..., N, D"
+    else:
+        sh_degree = check_int_at_least("sh_degree", sh_degree, 0)
+        per_view = colors.dim() == nb + 4
+        pattern = "..., C, N, K, 3" if per_view else "..., N, K, 3"
+    s.check("colors", colors, pattern)
+    if backgrounds is not None:
+        check_tensor("backgrounds", backgrounds)
+        s.check("backgrounds", backgrounds, "..., C, D" if sh_degree is None else "..., C, 3")
+
+    proj = fully_fused_projection(
+        means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
+        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
+        calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
+        opacities=opacities, backend=backend,
+    )
+    if packed:
+        batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
+        opac = opacities.reshape(B, N)[batch_ids, gaussian_ids]
+        image_ids = batch_ids * C + camera_ids
+    else:
+        radii, means2d, depths, conics, comps = proj
+        opac = torch.broadcast_to(opacities[..., None, :], (*batch_dims, C, N))
+        batch_ids = camera_ids = gaussian_ids = image_ids = None
+    if comps is not None:
+        opac = opac * comps
+    meta: dict = {
+        "batch_ids": batch_ids, "camera_ids": camera_ids, "gaussian_ids": gaussian_ids,
+        "radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
+        "opacities": opac,
+    }
+
+    if sh_degree is None:
+        if packed:
+            D = s["D"]
+            colors = (colors.reshape(B, C, N, D)[batch_ids, camera_ids, gaussian_ids] if per_view
+                      else colors.reshape(B, N, D)[batch_ids, gaussian_ids])
+        elif not per_view:
+            colors = torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, s["D"]))
+    else:
+        campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
+        K = s["K"]
+        if packed:
+            dirs = (means.reshape(B, N, 3)[batch_ids, gaussian_ids]
+                    - campos.reshape(B, C, 3)[batch_ids, camera_ids])
+            shs = (colors.reshape(B, C, N, K, 3)[batch_ids, camera_ids, gaussian_ids] if per_view
+                   else colors.reshape(B, N, K, 3)[batch_ids, gaussian_ids])
+        else:
+            dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
+            shs = colors if per_view else torch.broadcast_to(
+                colors[..., None, :, :, :], (*batch_dims, C, N, K, 3))
+        masks = (radii > 0).all(dim=-1)
+        colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
+        colors = torch.clamp_min(colors + 0.5, 0.0)
+
+    if render_mode in ("RGB+D", "RGB+ED"):
+        colors = torch.cat([colors, depths[..., None]], dim=-1)
+        if backgrounds is not None:
+            backgrounds = torch.cat([backgrounds, torch.zeros_like(backgrounds[..., :1])], -1)
+    elif render_mode in ("D", "ED"):
+        colors = depths[..., None]
+        if backgrounds is not None:
+            backgrounds = torch.zeros_like(backgrounds[..., :1])
+
+    tile_width = math.ceil(width / tile_size)
+    tile_height = math.ceil(height / tile_size)
+    tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
+        means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
+        n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
+    )
+    isect_offsets = isect_offset_encode(isect_ids, B * C, tile_width, tile_height,
+                                        backend=backend)
+    isect_offsets = isect_offsets.reshape(*batch_dims, C, tile_height, tile_width)
+    meta.update({
+        "tile_width": tile_width, "tile_height": tile_height, "tiles_per_gauss": tiles_per_gauss,
+        "isect_ids": isect_ids, "flatten_ids": flatten_ids, "isect_offsets": isect_offsets,
+        "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
+        "n_cameras": C, "backward_scheme": scheme,
+    })
+
+    n_channels = colors.shape[-1]
+    chunks_c, chunks_a = [], []
+    last_ids = None
+    for start in range(0, n_channels, channel_chunk):
+        stop = min(start + channel_chunk, n_channels)
+        out_c, out_a, ids = rasterize_to_pixels(
+            means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
+            isect_offsets, flatten_ids,
+            backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
+            packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
+            backend=backend,
+        )
+        chunks_c.append(out_c)
+        chunks_a.append(out_a)
+        last_ids = ids if last_ids is None else last_ids
+    render_colors = chunks_c[0] if len(chunks_c) == 1 else torch.cat(chunks_c, dim=-1)
+    render_alphas = chunks_a[0]
+    meta["last_ids"] = last_ids
+
+    if render_mode in ("ED", "RGB+ED"):
+        render_colors = torch.cat(
+            [render_colors[..., :-1], render_colors[..., -1:] / render_alphas.clamp(min=1e-10)],
+            dim=-1,
+        )
+    return render_colors, render_alphas, meta

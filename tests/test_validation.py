@@ -1,0 +1,160 @@
+"""Bad input gets a clear error naming the argument, what was expected and what came."""
+
+import pytest
+import torch
+
+import tilesplat
+from helpers import cameras, random_gaussians, tile_grid
+
+
+@pytest.fixture()
+def raster_inputs():
+    n, C, W, H = 20, 1, 20, 12
+    means, quats, scales, opac, colors = random_gaussians(n, seed=1)
+    view, K = cameras(C, W, H)
+    radii, m2d, depths, conics, _ = tilesplat.fully_fused_projection(
+        means, None, quats, scales, view, K, W, H, backend="torch")
+    tw, th = tile_grid(W, H, 16)
+    _, ids, flat = tilesplat.isect_tiles(m2d, radii, depths, 16, tw, th, backend="torch")
+    offsets = tilesplat.isect_offset_encode(ids, C, tw, th, backend="torch")
+    return dict(means2d=m2d, conics=conics, colors=colors[None], opacities=opac[None],
+                image_width=W, image_height=H, tile_size=16, isect_offsets=offsets,
+                flatten_ids=flat, backend="torch")
+
+
+def test_wrong_shape_names_argument(raster_inputs):
+    raster_inputs["means2d"] = torch.zeros(4, 3)
+    with pytest.raises(ValueError, match=r"expected means2d \[\.\.\., N, 2\].*got \(4, 3\)"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_int_dtype_rejected(raster_inputs):
+    raster_inputs["conics"] = raster_inputs["conics"].to(torch.int64)
+    with pytest.raises(TypeError, match="conics of dtype float32 or float64"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_mixed_float_dtypes_rejected(raster_inputs):
+    raster_inputs["colors"] = raster_inputs["colors"].double()
+    with pytest.raises(TypeError, match="mixed float dtypes.*colors is torch.float64"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_non_contiguous_inputs_are_handled(raster_inputs):
+    ref = tilesplat.rasterize_to_pixels(**raster_inputs)[0]
+    c = raster_inputs["colors"]
+    strided = torch.zeros(*c.shape[:-1], 6)[..., ::2]
+    strided.copy_(c)
+    assert not strided.is_contiguous()
+    raster_inputs["colors"] = strided
+    assert torch.equal(tilesplat.rasterize_to_pixels(**raster_inputs)[0], ref)
+
+
+def test_wrong_device_rejected(raster_inputs):
+    raster_inputs["colors"] = raster_inputs["colors"].to("meta")
+    with pytest.raises(ValueError, match="different devices.*colors is on meta"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_offsets_not_sorted(raster_inputs):
+    off = raster_inputs["isect_offsets"].clone()
+    off.view(-1)[0] = off.view(-1)[1] + 1
+    raster_inputs["isect_offsets"] = off
+    with pytest.raises(ValueError, match="isect_offsets"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_offsets_out_of_range(raster_inputs):
+    off = raster_inputs["isect_offsets"].clone()
+    off.view(-1)[-1] = raster_inputs["flatten_ids"].numel() + 5
+    raster_inputs["isect_offsets"] = off
+    with pytest.raises(ValueError, match=r"isect_offsets in \[0, "):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_flatten_ids_out_of_range(raster_inputs):
+    flat = raster_inputs["flatten_ids"].clone()
+    flat[0] = 10_000
+    raster_inputs["flatten_ids"] = flat
+    with pytest.raises(ValueError, match=r"flatten_ids in \[0, 20\)"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+@pytest.mark.parametrize("arg", ["image_width", "image_height", "tile_size"])
+@pytest.mark.parametrize("value", [0, -3, 2.5, True])
+def test_non_positive_sizes(raster_inputs, arg, value):
+    raster_inputs[arg] = value
+    with pytest.raises(ValueError, match=f"expected {arg} to be a positive integer"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+def test_grid_must_cover_image(raster_inputs):
+    raster_inputs["image_width"] = 40
+    with pytest.raises(ValueError, match="does not cover"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+
+
+@pytest.mark.parametrize("degree", [-1, 5])
+def test_sh_degree_out_of_range(degree):
+    with pytest.raises(ValueError, match="degrees_to_use"):
+        tilesplat.spherical_harmonics(degree, torch.zeros(3, 3), torch.zeros(3, 25, 3))
+
+
+def test_sh_too_few_coefficients():
+    with pytest.raises(ValueError, match=r"K >= 9 for degree 2, got K = 4"):
+        tilesplat.spherical_harmonics(2, torch.zeros(3, 3), torch.zeros(3, 4, 3))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_inf_rejected_and_switch(raster_inputs, bad):
+    raster_inputs["opacities"] = raster_inputs["opacities"].clone()
+    raster_inputs["opacities"][0, 3] = bad
+    with pytest.raises(ValueError, match="opacities contains 1 NaN or Inf"):
+        tilesplat.rasterize_to_pixels(**raster_inputs)
+    tilesplat.set_check_finite(False)
+    try:
+        tilesplat.rasterize_to_pixels(**raster_inputs)  # no check: runs
+    finally:
+        tilesplat.set_check_finite(None)
+
+
+def test_projection_errors():
+    means, quats, scales, opac, _ = random_gaussians(5)
+    view, K = cameras(1, 10, 10)
+    with pytest.raises(ValueError, match="covars, or both quats and scales"):
+        tilesplat.fully_fused_projection(means, None, None, scales, view, K, 10, 10)
+    with pytest.raises(ValueError, match=r"expected Ks \[\.\.\., C, 3, 3\]"):
+        tilesplat.fully_fused_projection(means, None, quats, scales, view, K[:, :2], 10, 10)
+    with pytest.raises(ValueError, match="camera_model"):
+        tilesplat.fully_fused_projection(means, None, quats, scales, view, K, 10, 10,
+                                         camera_model="ftheta")
+    with pytest.raises(ValueError, match="far_plane > near_plane"):
+        tilesplat.fully_fused_projection(means, None, quats, scales, view, K, 10, 10,
+                                         near_plane=5.0, far_plane=1.0)
+
+
+def test_rasterization_errors():
+    means, quats, scales, opac, colors = random_gaussians(5)
+    view, K = cameras(2, 10, 10)
+    with pytest.raises(ValueError, match="render_mode"):
+        tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
+                                render_mode="RGBD")
+    with pytest.raises(ValueError, match=r"expected colors \[\.\.\., N, K, 3\]"):
+        tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
+                                sh_degree=1)
+    with pytest.raises(ValueError, match=r"expected opacities \[\.\.\., N\] \(with"):
+        tilesplat.rasterization(means, quats, scales, opac[:3], colors, view, K, 10, 10)
+    with pytest.raises(NotImplementedError, match="with_ut"):
+        tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
+                                with_ut=True)
+    with pytest.raises(ValueError, match="backward_scheme"):
+        tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
+                                backward_scheme="per_tile")
+
+
+def test_isect_errors():
+    m2d = torch.zeros(1, 3, 2)
+    with pytest.raises(TypeError, match="radii of dtype int32 or int64"):
+        tilesplat.isect_tiles(m2d, torch.zeros(1, 3, 2), torch.ones(1, 3), 16, 2, 2)
+    with pytest.raises(ValueError, match="isect_ids sorted"):
+        tilesplat.isect_offset_encode(torch.tensor([5, 1], dtype=torch.int64), 1, 2, 2)
