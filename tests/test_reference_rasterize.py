@@ -205,8 +205,8 @@ def test_antialiased_scales_opacity_by_compensation():
 
 
 def test_absgrad_is_sum_of_per_pixel_abs_gradients():
-    C, W, H, ts = 1, 11, 9, 16
-    m2d, conics, cols, op, offsets, flat = _project(6, C, W, H, seed=10)
+    C, W, H, ts = 1, 7, 6, 16
+    m2d, conics, cols, op, offsets, flat = _project(5, C, W, H, seed=10)
     m2d = m2d.detach().requires_grad_(True)
     w = torch.randn(C, H, W, 3, dtype=torch.float64)
     c, _ = tilesplat.rasterize_to_pixels(m2d, conics, cols, op, W, H, ts, offsets, flat,
