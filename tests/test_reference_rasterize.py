@@ -221,6 +221,8 @@ def test_absgrad_is_sum_of_per_pixel_abs_gradients():
             (g,) = torch.autograd.grad((cp[:, y, x] * w[:, y, x]).sum(), m)
             expected += g.abs()
     assert m2d.absgrad.shape == m2d.shape
+    assert (m2d.absgrad > 0).sum() >= 4, "some Gaussians must touch the pixels"
+    assert (m2d.absgrad > m2d.grad.abs() + 1e-6).any(), "signs must cancel somewhere"
     assert_close("absgrad", m2d.absgrad, expected, 1e-12, 1e-10)
     assert (m2d.absgrad >= m2d.grad.abs() - 1e-12).all()
 
