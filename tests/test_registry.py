@@ -19,6 +19,7 @@ def test_unknown_backend_names_the_choices():
 
 
 def test_explicit_backend_missing_op_raises(monkeypatch):
+    registry._load("torch")
     monkeypatch.delitem(registry._impls, ("spherical_harmonics", "torch"))
     with pytest.raises(NotImplementedError, match="'spherical_harmonics'.*backend 'torch'"):
         registry.resolve("spherical_harmonics", torch.device("cpu"), "torch")

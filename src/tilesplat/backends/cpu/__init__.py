@@ -1,0 +1,19 @@
+"""The ``cpu`` backend: multithreaded Numba kernels for CPU tensors.
+
+Importing this package compiles nothing: every kernel is an ``@njit(cache=True)`` function
+that compiles on its first call (and loads from Numba's on-disk cache in later processes).
+Work is split into fixed items (tiles for the rasterizer, blocks of Gaussians elsewhere) run on
+``numba.get_num_threads()`` threads (``_common.parallel_for``); reductions run in a fixed
+order, so gradients are bit-identical for any thread count. ``TILESPLAT_POISON=1`` fills
+output buffers with NaN before the kernels run (a test mode; see ``_common``).
+"""
+
+from ..registry import DiffOp, register
+from . import covariance, intersect, projection, projection_bwd, rasterize_bwd, rasterize_fwd, sh
+
+register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
+register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection_bwd.backward))
+register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
+register("isect_tiles", "cpu", intersect.isect_tiles)
+register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
+register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))

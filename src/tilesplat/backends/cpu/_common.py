@@ -1,0 +1,95 @@
+"""Shared helpers of the CPU backend: output allocation (with a NaN-poison test mode), zero-copy
+NumPy views of CPU tensors, and the scalar math compiled for the CPU.
+
+Poison mode: with ``TILESPLAT_POISON=1`` in the environment (or :func:`set_poison(True)`),
+every output buffer a launcher allocates is filled with NaN (integers with ``POISON_INT``)
+instead of left uninitialised, so that a kernel that leaves memory unwritten fails the tests.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import torch
+from numba import njit
+
+from .. import scalar_math
+
+# Numba-IR inlining is kept for the per-pair functions of the rasterizer's vectorised loops;
+# the others are ordinary calls (LLVM may still inline them), which keeps compilation short.
+INLINED = ("exp_neg", "gaussian_sigma")
+
+
+def _decorate(fn):
+    # error_model="numpy": a float division by zero gives inf / nan instead of raising, so
+    # loops with divisions keep no exception branch and can vectorise.
+    if fn.__name__ in INLINED:
+        return njit(inline="always", error_model="numpy")(fn)
+    return njit(error_model="numpy")(fn)
+
+
+sm = scalar_math.build(_decorate, "tilesplat.backends.cpu._scalar")
+
+POISON_INT = -(2**31) + 7
+_poison: dict[str, bool | None] = {"on": None}
+
+
+def set_poison(enabled: bool | None) -> None:
+    """Fills every output buffer with NaN (True), leaves it uninitialised (False), or follows
+    ``TILESPLAT_POISON`` (None)."""
+    _poison["on"] = enabled
+
+
+def poison_enabled() -> bool:
+    if _poison["on"] is not None:
+        return bool(_poison["on"])
+    return os.environ.get("TILESPLAT_POISON", "0") == "1"
+
+
+def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An output buffer on the CPU, NaN-/sentinel-filled in poison mode."""
+    if poison_enabled():
+        fill = float("nan") if dtype.is_floating_point else POISON_INT
+        return torch.full(shape, fill, dtype=dtype)
+    return torch.empty(shape, dtype=dtype)
+
+
+def view(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a contiguous CPU tensor (bool stays bool)."""
+    return t.detach().numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# threads
+#
+# Kernels are plain ``@njit(nogil=True, cache=True, error_model="numpy")`` functions over work items
+# ``first, first + step, ...`` (tiles, or fixed blocks of Gaussians), run on ``step`` Python
+# threads. Numba's ``parallel=True`` would do the same but costs ~5 s of compilation per kernel
+# and dtype; the work split is fixed by the items, so results never depend on the thread count.
+
+BLOCK = 1024  # rows per work item of the per-Gaussian kernels
+
+_pool: list[ThreadPoolExecutor] = []
+
+
+def num_threads() -> int:
+    """Threads used by the kernels: Numba's setting (``NUMBA_NUM_THREADS``,
+    ``numba.set_num_threads``)."""
+    return max(1, int(numba.get_num_threads()))
+
+
+def parallel_for(kernel, n_items: int, *args) -> None:
+    """Runs ``kernel(first, step, *args)`` for first = 0 .. step-1 on ``step`` threads, where
+    ``step = min(num_threads(), n_items)``; the kernel processes items first, first + step, ..."""
+    step = min(num_threads(), n_items)
+    if step <= 1:
+        kernel(0, 1, *args)
+        return
+    if not _pool or _pool[0]._max_workers < step:
+        _pool[:] = [ThreadPoolExecutor(max_workers=step, thread_name_prefix="tilesplat-cpu")]
+    futures = [_pool[0].submit(kernel, first, step, *args) for first in range(step)]
+    for f in futures:
+        f.result()

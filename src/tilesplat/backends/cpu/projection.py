@@ -1,0 +1,303 @@
+"""CPU kernels: fused projection of 3D Gaussians (``fully_fused_projection``) forward, with
+the reference's culling (``backends/torch/projection.py``), and the helpers its backward
+(``projection_bwd``) shares.
+
+Blocks of Gaussians run over threads (``_common.parallel_for``), all cameras in turn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit
+
+from ...constants import ALPHA_SKIP, RADIUS_SIGMAS
+from ..scalar_math import like
+from ._common import BLOCK, alloc, parallel_for, sm, view
+
+CAMERA_CODES = {"pinhole": 0, "ortho": 1, "fisheye": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True, error_model="numpy")
+def world_covar(covars, quats, scales, b, n):
+    """The world covariance (symmetric 6-tuple) of Gaussian (b, n)."""
+    if covars.shape[0] > 0:
+        return (
+            covars[b, n, 0],
+            covars[b, n, 1],
+            covars[b, n, 2],
+            covars[b, n, 3],
+            covars[b, n, 4],
+            covars[b, n, 5],
+        )
+    return sm.quat_scale_to_covar(
+        quats[b, n, 0],
+        quats[b, n, 1],
+        quats[b, n, 2],
+        quats[b, n, 3],
+        scales[b, n, 0],
+        scales[b, n, 1],
+        scales[b, n, 2],
+    )
+
+
+@njit(cache=True, error_model="numpy")
+def camera_project(model, mc, fx, fy, cx, cy, width, height):
+    """(u, v, J) of the camera-space point mc = (x, y, z) for camera model code ``model``."""
+    if model == 1:
+        return sm.ortho_proj(mc[0], mc[1], mc[2], fx, cx, fy, cy)
+    if model == 2:
+        return sm.fisheye_proj(mc[0], mc[1], mc[2], fx, cx, fy, cy)
+    return sm.pinhole_proj(mc[0], mc[1], mc[2], fx, fy, cx, cy, width, height)
+
+
+@njit(cache=True, error_model="numpy")
+def to_camera(viewmats, b, c, mx, my, mz, cov):
+    """(mean_c 3-tuple, covar_c 6-tuple, R 9-tuple) for camera (b, c)."""
+    r = (
+        viewmats[b, c, 0, 0],
+        viewmats[b, c, 0, 1],
+        viewmats[b, c, 0, 2],
+        viewmats[b, c, 1, 0],
+        viewmats[b, c, 1, 1],
+        viewmats[b, c, 1, 2],
+        viewmats[b, c, 2, 0],
+        viewmats[b, c, 2, 1],
+        viewmats[b, c, 2, 2],
+    )
+    mc = (
+        r[0] * mx + r[1] * my + r[2] * mz + viewmats[b, c, 0, 3],
+        r[3] * mx + r[4] * my + r[5] * mz + viewmats[b, c, 1, 3],
+        r[6] * mx + r[7] * my + r[8] * mz + viewmats[b, c, 2, 3],
+    )
+    cc = sm.transform_covar(
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5],
+        r[6],
+        r[7],
+        r[8],
+        cov[0],
+        cov[1],
+        cov[2],
+        cov[3],
+        cov[4],
+        cov[5],
+    )
+    return mc, cc, r
+
+
+@njit(cache=True, error_model="numpy")
+def forward_gaussian(
+    means,
+    covars,
+    quats,
+    scales,
+    opacities,
+    viewmats,
+    Ks,
+    width,
+    height,
+    eps2d,
+    near,
+    far,
+    radius_clip,
+    model,
+    radii,
+    means2d,
+    depths,
+    conics,
+    comps,
+    b,
+    n,
+):
+    """Projects Gaussian (b, n) into every camera of batch b."""
+    n_c = viewmats.shape[1]
+    has_op = opacities.shape[0] > 0
+    want_comp = comps.shape[0] > 0
+    f = means[b, n, 0]
+    zero = like(f, 0.0)
+    cov = world_covar(covars, quats, scales, b, n)
+    for c in range(n_c):
+        mc, cc, _ = to_camera(viewmats, b, c, means[b, n, 0], means[b, n, 1], means[b, n, 2], cov)
+        depths[b, c, n] = mc[2]
+        in_depth = (mc[2] > like(f, near)) & (mc[2] < like(f, far))
+        fx, fy, cx, cy = Ks[b, c, 0, 0], Ks[b, c, 1, 1], Ks[b, c, 0, 2], Ks[b, c, 1, 2]
+        if model != 1 and not in_depth:
+            mc = (like(f, 1.0), like(f, 1.0), like(f, 1.0))
+        u, v, j = camera_project(model, mc, fx, fy, cx, cy, width, height)
+        c00, c01, c11 = sm.project_covar(
+            j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2], cc[3], cc[4], cc[5]
+        )
+        e00, e11, det_orig, det = sm.add_blur(c00, c01, c11, eps2d)
+        det_raw = e00 * e11 - c01 * c01
+        valid = in_depth & (det_raw > zero)
+        comp = zero
+        if valid:
+            ratio = det_orig / det
+            comp = math.sqrt(ratio) if ratio > zero else zero
+        extend = like(f, RADIUS_SIGMAS)
+        if has_op:
+            op = opacities[b, n]
+            if want_comp:
+                op = op * comp
+            valid = valid & (op >= like(f, ALPHA_SKIP))
+            ratio_op = max(op / like(f, ALPHA_SKIP), like(f, 1.0))
+            extend = min(extend, math.sqrt(like(f, 2.0) * math.log(ratio_op)))
+        rx = like(f, math.ceil(extend * math.sqrt(max(e00, zero))))
+        ry = like(f, math.ceil(extend * math.sqrt(max(e11, zero))))
+        valid = valid and not (rx <= radius_clip and ry <= radius_clip)
+        valid = valid & (u + rx > zero) & (u - rx < like(f, width))
+        valid = valid & (v + ry > zero) & (v - ry < like(f, height))
+        if valid:
+            a_, b_, c_ = sm.conic_from_covar2d(e00, c01, e11, det)
+            radii[b, c, n, 0] = np.int32(rx)
+            radii[b, c, n, 1] = np.int32(ry)
+            means2d[b, c, n, 0] = u
+            means2d[b, c, n, 1] = v
+            conics[b, c, n, 0] = a_
+            conics[b, c, n, 1] = b_
+            conics[b, c, n, 2] = c_
+        else:
+            radii[b, c, n, 0] = 0
+            radii[b, c, n, 1] = 0
+            means2d[b, c, n, 0] = zero
+            means2d[b, c, n, 1] = zero
+            conics[b, c, n, 0] = zero
+            conics[b, c, n, 1] = zero
+            conics[b, c, n, 2] = zero
+            comp = zero
+        if want_comp:
+            comps[b, c, n] = comp
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def forward_kernel(
+    first,
+    step,
+    means,
+    covars,
+    quats,
+    scales,
+    opacities,
+    viewmats,
+    Ks,
+    width,
+    height,
+    eps2d,
+    near,
+    far,
+    radius_clip,
+    model,
+    radii,
+    means2d,
+    depths,
+    conics,
+    comps,
+):
+    """covars [B,N,6] or [0,0,6]; quats/scales [B,N,*] or empty; opacities [B,N] or [0,0];
+    comps [B,C,N] or [0,0,0]. Outputs radii [B,C,N,2], means2d, depths, conics."""
+    n_b, n_g = means.shape[0], means.shape[1]
+    n_all = n_b * n_g
+    for blk in range(first, (n_all + BLOCK - 1) // BLOCK, step):
+        for i in range(blk * BLOCK, min(n_all, (blk + 1) * BLOCK)):
+            b = i // n_g
+            n = i - b * n_g
+            forward_gaussian(
+                means,
+                covars,
+                quats,
+                scales,
+                opacities,
+                viewmats,
+                Ks,
+                width,
+                height,
+                eps2d,
+                near,
+                far,
+                radius_clip,
+                model,
+                radii,
+                means2d,
+                depths,
+                conics,
+                comps,
+                b,
+                n,
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+
+
+def _np_or_empty(t: torch.Tensor | None, ndim: int, np_dt: np.dtype) -> np.ndarray:
+    return view(t) if t is not None else np.zeros((0,) * ndim, np_dt)
+
+
+def forward(
+    means,
+    covars,
+    quats,
+    scales,
+    opacities,
+    viewmats,
+    Ks,
+    width,
+    height,
+    eps2d,
+    near_plane,
+    far_plane,
+    radius_clip,
+    calc_compensations,
+    camera_model,
+):
+    """Shapes: means [B,N,3], covars [B,N,6] or quats [B,N,4] + scales [B,N,3], opacities
+    [B,N] or None, viewmats [B,C,4,4], Ks [B,C,3,3].
+
+    Returns radii [B,C,N,2] int32, means2d [B,C,N,2], depths [B,C,N], conics [B,C,N,3],
+    compensations [B,C,N] or None.
+    """
+    n_b, n_g = means.shape[:2]
+    n_c = viewmats.shape[1]
+    dt = means.dtype
+    np_dt = view(means).dtype
+    radii = alloc((n_b, n_c, n_g, 2), torch.int32)
+    means2d = alloc((n_b, n_c, n_g, 2), dt)
+    depths = alloc((n_b, n_c, n_g), dt)
+    conics = alloc((n_b, n_c, n_g, 3), dt)
+    comps = alloc((n_b, n_c, n_g), dt) if calc_compensations else None
+    parallel_for(
+        forward_kernel,
+        (n_b * n_g + BLOCK - 1) // BLOCK,
+        view(means),
+        _np_or_empty(covars, 3, np_dt),
+        _np_or_empty(quats, 3, np_dt),
+        _np_or_empty(scales, 3, np_dt),
+        _np_or_empty(opacities, 2, np_dt),
+        view(viewmats),
+        view(Ks),
+        width,
+        height,
+        float(eps2d),
+        float(near_plane),
+        float(far_plane),
+        float(radius_clip),
+        CAMERA_CODES[camera_model],
+        view(radii),
+        view(means2d),
+        view(depths),
+        view(conics),
+        _np_or_empty(comps, 3, np_dt),
+    )
+    return radii, means2d, depths, conics, comps

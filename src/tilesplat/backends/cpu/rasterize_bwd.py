@@ -1,0 +1,597 @@
+"""CPU kernels: backward of ``rasterize_to_pixels``, two schemes, deterministic.
+
+``per_pixel``: each pixel walks its tile's list back to front from its ``last_id``, recovering T
+before each Gaussian by dividing by (1 - alpha), with the colour behind it accumulated. The walk
+starts from T_final recomputed as the forward did (a product pass up to ``last_id``):
+``1 - render_alphas`` has lost the low bits of a small T in float32, and every recovered T (so
+every gradient of the pixel) would inherit that error, up to ~1e-3 relative.
+``per_splat``: the tile's Gaussians are replayed front to back with per-pixel state (running T,
+live mask and the colour still to come, ``C_final - accumulated``), deciding skip / stop exactly
+as the forward did; T needs no division and ``last_ids`` are not read.
+
+Both run tile by tile over threads (``_common.parallel_for``), pixels vectorised in the inner
+loops, and write each intersection's gradient (summed over the tile's pixels in a fixed order)
+to a row of a buffer indexed by intersection. A second pass sums the rows of each Gaussian in
+increasing intersection order. No atomics: results are bit-identical for any thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from ...constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
+from ..scalar_math import like
+from ._common import BLOCK, alloc, parallel_for, sm, view
+from .rasterize_fwd import SUB_PIXELS, init_tile_pixels
+
+# Columns of the per-intersection gradient rows; colours follow from N_FIXED.
+C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
+N_FIXED = 8
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+# Functions that only sum (no skip / stop decision depends on their rounding) may reassociate,
+# which lets LLVM vectorise their reductions over the tile's pixels. The order of the sums is
+# then fixed by the compiled code, never by the threads: results stay bit-identical.
+SUMS = {"reassoc", "nsz"}
+
+
+@njit(cache=True, fastmath=SUMS, error_model="numpy")
+def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part):
+    """Adds the gradient of intersection k from these pixels to its row part[k]: means2d,
+    conic and opacity (summed over the pixels) and |d loss / d means2d|."""
+    n_pix = px.shape[0]
+    f = gauss[0]
+    zero = like(f, 0.0)
+    half = like(f, 0.5)
+    clamp = like(f, ALPHA_CLAMP)
+    s_mx = zero
+    s_my = zero
+    s_a = zero
+    s_b = zero
+    s_c = zero
+    s_op = zero
+    s_ax = zero
+    s_ay = zero
+    for p in range(n_pix):
+        dx = mx - px[p]
+        dy = my - py[p]
+        ar = op * gauss[p]
+        # alpha = min(0.999, op * G): no gradient where clamped
+        va = v_alpha[p] if (t_k[p] > zero) & (ar <= clamp) else zero
+        v_op = va * gauss[p]
+        v_s = -va * ar
+        gx = v_s * (a * dx + b * dy)
+        gy = v_s * (b * dx + c * dy)
+        s_mx += gx
+        s_my += gy
+        s_a += half * v_s * dx * dx
+        s_b += v_s * dx * dy
+        s_c += half * v_s * dy * dy
+        s_op += v_op
+        s_ax += abs(gx)
+        s_ay += abs(gy)
+    part[k, C_MX] += s_mx
+    part[k, C_MY] += s_my
+    part[k, C_A] += s_a
+    part[k, C_B] += s_b
+    part[k, C_C] += s_c
+    part[k, C_OP] += s_op
+    part[k, C_ABSX] += s_ax
+    part[k, C_ABSY] += s_ay
+
+
+@njit(cache=True, fastmath=SUMS, error_model="numpy")
+def colors_behind(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, behind, v_alpha, part):
+    """Per-pixel scheme, intersection k: d loss / d alpha (v_alpha [P]), its colour gradient
+    (to part[k]) and the colour behind updated. v_a [P]: the share of d loss / d alpha that
+    comes through render_alphas and the background, times (1 - alpha)."""
+    clamp = like(gauss[0], ALPHA_CLAMP)
+    one = like(gauss[0], 1.0)
+    for p in range(gauss.shape[0]):
+        r = one / (one - min(clamp, op * gauss[p]))
+        inv_1ma[p] = r
+        v_alpha[p] = v_a[p] * r
+    for d in range(colors.shape[1]):
+        cd = colors[g, d]
+        s_col = like(gauss[0], 0.0)
+        for p in range(gauss.shape[0]):
+            w = min(clamp, op * gauss[p]) * t_k[p]  # 0 where not hit (t_k = 0)
+            s_col += w * v_c[d, p]
+            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - behind[d, p] * inv_1ma[p])
+            behind[d, p] += w * cd
+        part[k, N_FIXED + d] += s_col
+
+
+@njit(cache=True, fastmath=SUMS, error_model="numpy")
+def colors_ahead(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, ahead, v_alpha, part):
+    """Per-splat scheme, intersection k: d loss / d alpha (v_alpha [P]), its colour gradient
+    (to part[k]) and the colour still to come updated. v_a [P]: the share of d loss / d alpha
+    that comes through render_alphas, times (1 - alpha)."""
+    clamp = like(gauss[0], ALPHA_CLAMP)
+    one = like(gauss[0], 1.0)
+    for p in range(gauss.shape[0]):
+        r = one / (one - min(clamp, op * gauss[p]))
+        inv_1ma[p] = r
+        v_alpha[p] = v_a[p] * r
+    for d in range(colors.shape[1]):
+        cd = colors[g, d]
+        s_col = like(gauss[0], 0.0)
+        for p in range(gauss.shape[0]):
+            w = min(clamp, op * gauss[p]) * t_k[p]
+            s_col += w * v_c[d, p]
+            ahead[d, p] -= w * cd
+            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - ahead[d, p] * inv_1ma[p])
+        part[k, N_FIXED + d] += s_col
+
+
+@njit(cache=True, error_model="numpy")
+def replay_transmittance(means2d, conics, opacities, flatten_ids, start, px, py, last, trans):
+    """trans [P] *= (1 - alpha) over each pixel's contributing intersections up to its last_id,
+    front to back with the forward's arithmetic: the forward's T_final, bit for bit."""
+    f = trans[0]
+    zero = like(f, 0.0)
+    one = like(f, 1.0)
+    skip = like(f, ALPHA_SKIP)
+    clamp = like(f, ALPHA_CLAMP)
+    k_max = -1
+    for p in range(px.shape[0]):
+        k_max = max(k_max, last[p])
+    for k in range(start, k_max + 1):
+        g = flatten_ids[k]
+        mx = means2d[g, 0]
+        my = means2d[g, 1]
+        a = conics[g, 0]
+        b = conics[g, 1]
+        c = conics[g, 2]
+        op = opacities[g]
+        k32 = np.int32(k)
+        for p in range(px.shape[0]):
+            s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
+            alpha = min(clamp, op * sm.exp_neg(s))
+            hit = (k32 <= last[p]) & (s >= zero) & (alpha >= skip)
+            t = trans[p]
+            trans[p] = t * (one - alpha) if hit else t
+
+
+@njit(cache=True, error_model="numpy")
+def tile_per_pixel(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    flatten_ids,
+    start,
+    px,
+    py,
+    last,
+    trans,
+    v_c,
+    v_a,
+    behind,
+    gauss,
+    t_k,
+    inv_1ma,
+    v_alpha,
+    part,
+):
+    """Back to front over a slice of P pixels of a tile, from its largest last_id down to
+    start; adds to the rows part[k].
+
+    last [P] int32 (-1: no contribution or outside); trans [P] T after the current Gaussian
+    (starts at T_final); v_c [D, >= P] upstream colour gradients; v_a [P] (v_alpha -
+    v_colors . background) * T_final; behind [D, >= P] colour of the Gaussians behind (starts
+    0); gauss, t_k, inv_1ma, v_alpha [P] scratch.
+    """
+    n_pix = px.shape[0]
+    f = trans[0]
+    zero = like(f, 0.0)
+    one = like(f, 1.0)
+    skip = like(f, ALPHA_SKIP)
+    clamp = like(f, ALPHA_CLAMP)
+    k_max = -1
+    for p in range(n_pix):
+        k_max = max(k_max, last[p])
+    for k in range(k_max, start - 1, -1):
+        g = flatten_ids[k]
+        mx = means2d[g, 0]
+        my = means2d[g, 1]
+        a = conics[g, 0]
+        b = conics[g, 1]
+        c = conics[g, 2]
+        op = opacities[g]
+        n_hit = 0
+        k32 = np.int32(k)
+        for p in range(n_pix):
+            dx = mx - px[p]
+            dy = my - py[p]
+            s = sm.gaussian_sigma(a, b, c, dx, dy)
+            ge = sm.exp_neg(s)
+            alpha = min(clamp, op * ge)
+            hit = (k32 <= last[p]) & (s >= zero) & (alpha >= skip)
+            t = trans[p] / (one - alpha)
+            trans[p] = t if hit else trans[p]
+            t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
+            gauss[p] = ge
+            n_hit += np.int32(1) if hit else np.int32(0)
+        if n_hit == 0:
+            continue
+        colors_behind(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, behind, v_alpha, part)
+        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
+
+
+@njit(cache=True, error_model="numpy")
+def tile_per_splat(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    flatten_ids,
+    start,
+    end,
+    px,
+    py,
+    live,
+    trans,
+    v_c,
+    v_a,
+    ahead,
+    gauss,
+    t_k,
+    inv_1ma,
+    v_alpha,
+    part,
+):
+    """Front to back over a slice of P pixels of a tile, replaying the forward's skip / stop
+    decisions; adds to the rows part[k].
+
+    live [P] int32; trans [P] running T (starts 1); v_c [D, >= P] upstream colour gradients;
+    v_a [P] v_alpha * T_final; ahead [D, >= P] colour still to come (starts at the rendered
+    colour, background included); gauss, t_k, inv_1ma, v_alpha [P] scratch.
+    """
+    n_pix = px.shape[0]
+    f = trans[0]
+    zero = like(f, 0.0)
+    one = like(f, 1.0)
+    skip = like(f, ALPHA_SKIP)
+    clamp = like(f, ALPHA_CLAMP)
+    t_stop = like(f, TRANSMITTANCE_STOP)
+    for k in range(start, end):
+        g = flatten_ids[k]
+        mx = means2d[g, 0]
+        my = means2d[g, 1]
+        a = conics[g, 0]
+        b = conics[g, 1]
+        c = conics[g, 2]
+        op = opacities[g]
+        n_hit = 0
+        n_live = 0
+        for p in range(n_pix):
+            dx = mx - px[p]
+            dy = my - py[p]
+            s = sm.gaussian_sigma(a, b, c, dx, dy)
+            ge = sm.exp_neg(s)
+            alpha = min(clamp, op * ge)
+            t = trans[p]
+            t_next = t * (one - alpha)
+            ok = (s >= zero) & (alpha >= skip) & (live[p] != 0)
+            hit = ok & (t_next > t_stop)
+            stop = ok & (t_next <= t_stop)
+            trans[p] = t_next if hit else t
+            live[p] = np.int32(0) if stop else live[p]
+            t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
+            gauss[p] = ge
+            n_hit += np.int32(1) if hit else np.int32(0)
+            n_live += live[p]
+        if n_hit > 0:
+            colors_ahead(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, ahead, v_alpha, part)
+            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
+        if n_live == 0:
+            break
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def backward_kernel(
+    first,
+    step,
+    means2d,
+    conics,
+    colors,
+    opacities,
+    backgrounds,
+    masks,
+    width,
+    height,
+    tile_size,
+    offsets,
+    flatten_ids,
+    render_colors,
+    render_alphas,
+    last_ids,
+    v_colors_img,
+    v_alphas_img,
+    per_splat,
+    part,
+    bg_part,
+):
+    """Tiles first, first + step, ...; fills part [n, 8 + D] (rows of the tile's intersections)
+    and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final)."""
+    n_img, th, tw = offsets.shape
+    n_tiles = n_img * th * tw
+    n_ch = colors.shape[1]
+    n_pix = tile_size * tile_size
+    n_isects = flatten_ids.shape[0]
+    has_bg = backgrounds.shape[0] > 0
+    has_mask = masks.shape[0] > 0
+    offs = offsets.reshape(n_tiles)
+    dt = means2d.dtype
+    for t in range(first, n_tiles, step):
+        img = t // (th * tw)
+        rest = t - img * th * tw
+        ty = rest // tw
+        tx = rest - ty * tw
+        start = offs[t]
+        end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        px = np.empty(n_pix, dt)
+        py = np.empty(n_pix, dt)
+        live = np.empty(n_pix, np.int32)
+        init_tile_pixels(tx, ty, tile_size, width, height, px, py, live)
+        zero = like(px[0], 0.0)
+        one = like(px[0], 1.0)
+        n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
+        t_final = np.ones(n_pix, dt)
+        v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
+        v_a = np.zeros(n_pix, dt)
+        last = np.full(n_pix, -1, np.int32)
+        state = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
+        bg_dot = np.zeros(n_pix, dt)
+        for d in range(n_ch):
+            bg_part[t, d] = zero
+        for p in range(n_pix):
+            if live[p] != 0:
+                x = tx * tile_size + p % tile_size
+                y = ty * tile_size + p // tile_size
+                sub, q = p // SUB_PIXELS, p % SUB_PIXELS
+                t_final[p] = one - render_alphas[img, y, x]
+                v_a[p] = v_alphas_img[img, y, x]
+                last[p] = last_ids[img, y, x]
+                for d in range(n_ch):
+                    vcd = v_colors_img[img, y, x, d]
+                    v_c[sub, d, q] = vcd
+                    bg_part[t, d] += vcd * t_final[p]
+                    if per_splat:
+                        state[sub, d, q] = render_colors[img, y, x, d]
+                    if has_bg:
+                        bg_dot[p] += vcd * backgrounds[img, d]
+        for k in range(start, end):
+            for col in range(part.shape[1]):
+                part[k, col] = zero
+        if (has_mask and not masks[img, ty, tx]) or end <= start:
+            continue
+        trans = np.ones(n_pix, dt)
+        if not per_splat:
+            # T_final as the forward computed it (1 - render_alphas loses its low bits in
+            # float32 when T is small, and every T the back-to-front walk recovers scales it)
+            for sub in range(n_sub):
+                lo = sub * SUB_PIXELS
+                hi = min(n_pix, lo + SUB_PIXELS)
+                replay_transmittance(
+                    means2d, conics, opacities, flatten_ids, start, px[lo:hi], py[lo:hi],
+                    last[lo:hi], trans[lo:hi],
+                )  # fmt: skip
+        for p in range(n_pix):
+            # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
+            # this times T_final / (1 - alpha_k)
+            if per_splat:
+                v_a[p] = v_a[p] * t_final[p]
+            else:
+                v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
+        gauss = np.empty(SUB_PIXELS, dt)
+        t_k = np.empty(SUB_PIXELS, dt)
+        inv_1ma = np.empty(SUB_PIXELS, dt)
+        v_alpha = np.empty(SUB_PIXELS, dt)
+        # slices of SUB_PIXELS pixels, each on its own; part[k] sums them in slice order
+        for sub in range(n_sub):
+            lo = sub * SUB_PIXELS
+            hi = min(n_pix, lo + SUB_PIXELS)
+            m = hi - lo
+            if live[lo:hi].sum() == 0:
+                continue
+            if per_splat:
+                tile_per_splat(
+                    means2d,
+                    conics,
+                    colors,
+                    opacities,
+                    flatten_ids,
+                    start,
+                    end,
+                    px[lo:hi],
+                    py[lo:hi],
+                    live[lo:hi],
+                    trans[lo:hi],
+                    v_c[sub],
+                    v_a[lo:hi],
+                    state[sub],
+                    gauss[:m],
+                    t_k[:m],
+                    inv_1ma[:m],
+                    v_alpha[:m],
+                    part,
+                )
+            else:
+                tile_per_pixel(
+                    means2d,
+                    conics,
+                    colors,
+                    opacities,
+                    flatten_ids,
+                    start,
+                    px[lo:hi],
+                    py[lo:hi],
+                    last[lo:hi],
+                    trans[lo:hi],
+                    v_c[sub],
+                    v_a[lo:hi],
+                    state[sub],
+                    gauss[:m],
+                    t_k[:m],
+                    inv_1ma[:m],
+                    v_alpha[:m],
+                    part,
+                )
+
+
+@njit(cache=True, error_model="numpy")
+def group_by_gaussian(flatten_ids, n_gauss):
+    """CSR of intersections per Gaussian in increasing intersection order (a stable counting
+    sort): rows order[first[g]:first[g + 1]] belong to Gaussian g."""
+    first = np.zeros(n_gauss + 1, np.int64)
+    for k in range(flatten_ids.shape[0]):
+        first[flatten_ids[k] + 1] += 1
+    for g in range(n_gauss):
+        first[g + 1] += first[g]
+    cursor = first[:-1].copy()
+    order = np.empty(flatten_ids.shape[0], np.int64)
+    for k in range(flatten_ids.shape[0]):
+        g = flatten_ids[k]
+        order[cursor[g]] = k
+        cursor[g] += 1
+    return first, order
+
+
+@njit(cache=True, error_model="numpy")
+def reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc):
+    """Sums Gaussian g's rows in increasing intersection order (acc: scratch [8 + D])."""
+    n_cols = acc.shape[0]
+    acc[:] = 0
+    for j in range(first_row[g], first_row[g + 1]):
+        k = order[j]
+        for col in range(n_cols):
+            acc[col] += part[k, col]
+    v_means2d[g, 0] = acc[C_MX]
+    v_means2d[g, 1] = acc[C_MY]
+    v_conics[g, 0] = acc[C_A]
+    v_conics[g, 1] = acc[C_B]
+    v_conics[g, 2] = acc[C_C]
+    v_opacities[g] = acc[C_OP]
+    for d in range(n_cols - N_FIXED):
+        v_colors[g, d] = acc[N_FIXED + d]
+    if v_abs.shape[0] > 0:
+        v_abs[g, 0] = acc[C_ABSX]
+        v_abs[g, 1] = acc[C_ABSY]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def reduce_kernel(
+    first, step, part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs
+):
+    """Blocks first, first + step, ... of Gaussians; v_abs [G, 2] or [0, 2]."""
+    n_gauss = v_means2d.shape[0]
+    acc = np.zeros(part.shape[1], part.dtype)
+    for blk in range(first, (n_gauss + BLOCK - 1) // BLOCK, step):
+        for g in range(blk * BLOCK, min(n_gauss, (blk + 1) * BLOCK)):
+            reduce_one(
+                part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc
+            )
+
+
+@njit(cache=True, error_model="numpy")
+def reduce_backgrounds(bg_part, n_img, v_backgrounds):
+    """v_backgrounds [I, D]: the tiles' partial sums, image by image in tile order."""
+    n_tiles = bg_part.shape[0] // n_img
+    for i in range(n_img):
+        for d in range(bg_part.shape[1]):
+            s = bg_part[i * n_tiles, d]
+            for t in range(1, n_tiles):
+                s += bg_part[i * n_tiles + t, d]
+            v_backgrounds[i, d] = s
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher
+
+
+def backward(
+    means2d: torch.Tensor,  # [G, 2]
+    conics: torch.Tensor,  # [G, 3]
+    colors: torch.Tensor,  # [G, D]
+    opacities: torch.Tensor,  # [G]
+    backgrounds: torch.Tensor | None,  # [I, D]
+    masks: torch.Tensor | None,  # [I, TH, TW] bool
+    width: int,
+    height: int,
+    tile_size: int,
+    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
+    flatten_ids: torch.Tensor,  # [n] int32
+    render_colors: torch.Tensor,  # [I, H, W, D]
+    render_alphas: torch.Tensor,  # [I, H, W, 1]
+    last_ids: torch.Tensor,  # [I, H, W] int32
+    v_render_colors: torch.Tensor,  # [I, H, W, D]
+    v_render_alphas: torch.Tensor,  # [I, H, W, 1]
+    absgrad: bool,
+    scheme: str,
+) -> tuple[torch.Tensor | None, ...]:
+    """Returns v_means2d [G, 2], v_conics [G, 3], v_colors [G, D], v_opacities [G],
+    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None."""
+    if scheme not in ("per_pixel", "per_splat"):
+        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
+    n_img, th, tw = isect_offsets.shape
+    n_gauss, n_ch = colors.shape
+    n = flatten_ids.shape[0]
+    dt = means2d.dtype
+    np_dt = view(means2d).dtype
+    part = np.empty((n, N_FIXED + n_ch), np_dt)
+    bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
+    bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
+    mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
+    parallel_for(
+        backward_kernel,
+        n_img * th * tw,
+        view(means2d),
+        view(conics),
+        view(colors),
+        view(opacities),
+        bg,
+        mk,
+        width,
+        height,
+        tile_size,
+        view(isect_offsets),
+        view(flatten_ids),
+        view(render_colors),
+        view(render_alphas).reshape(n_img, height, width),
+        view(last_ids),
+        view(v_render_colors),
+        view(v_render_alphas).reshape(n_img, height, width),
+        scheme == "per_splat",
+        part,
+        bg_part,
+    )
+    v_means2d = alloc((n_gauss, 2), dt)
+    v_conics = alloc((n_gauss, 3), dt)
+    v_colors = alloc((n_gauss, n_ch), dt)
+    v_opacities = alloc((n_gauss,), dt)
+    v_abs = alloc((n_gauss, 2), dt) if absgrad else None
+    first, order = group_by_gaussian(view(flatten_ids), n_gauss)
+    parallel_for(
+        reduce_kernel,
+        (n_gauss + BLOCK - 1) // BLOCK,
+        part,
+        first,
+        order,
+        view(v_means2d),
+        view(v_conics),
+        view(v_colors),
+        view(v_opacities),
+        view(v_abs) if v_abs is not None else np.zeros((0, 2), np_dt),
+    )
+    v_backgrounds = None
+    if backgrounds is not None:
+        v_backgrounds = alloc((n_img, n_ch), dt)
+        reduce_backgrounds(bg_part, n_img, view(v_backgrounds))
+    return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

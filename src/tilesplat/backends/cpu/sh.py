@@ -1,0 +1,143 @@
+"""CPU kernels: real spherical harmonics of degree 0-4 (``spherical_harmonics``).
+
+Blocks of rows over threads (``_common.parallel_for``); the basis and its gradient are
+``scalar_math``'s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from ..scalar_math import like
+from ._common import BLOCK, alloc, parallel_for, sm, view
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True, error_model="numpy")
+def unit(dirs, m):
+    """dirs[m] / max(|dirs[m]|, 1e-12)."""
+    x, y, z = dirs[m, 0], dirs[m, 1], dirs[m, 2]
+    inv = like(x, 1.0) / max(np.sqrt(x * x + y * y + z * z), like(x, 1e-12))
+    return x * inv, y * inv, z * inv
+
+
+@njit(cache=True, error_model="numpy")
+def forward_row(degree, dirs, coeffs, masks, colors, m):
+    """colors[m] from row m."""
+    n_basis = (degree + 1) * (degree + 1)
+    zero = like(dirs[m, 0], 0.0)
+    r = zero
+    g = zero
+    b = zero
+    if masks.shape[0] == 0 or masks[m]:
+        x, y, z = unit(dirs, m)
+        basis = sm.sh_basis(degree, x, y, z)
+        for k in range(n_basis):
+            bk = basis[k]
+            r += bk * coeffs[m, k, 0]
+            g += bk * coeffs[m, k, 1]
+            b += bk * coeffs[m, k, 2]
+    colors[m, 0] = r
+    colors[m, 1] = g
+    colors[m, 2] = b
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def forward_kernel(first, step, degree, dirs, coeffs, masks, colors):
+    """colors [M, 3]; masks [M] or [0]; blocks first, first + step, ..."""
+    n = dirs.shape[0]
+    for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
+        for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            forward_row(degree, dirs, coeffs, masks, colors, m)
+
+
+@njit(cache=True, error_model="numpy")
+def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m):
+    """Gradients of row m; gk [25] scratch."""
+    n_basis = (degree + 1) * (degree + 1)
+    zero = like(dirs[m, 0], 0.0)
+    on = masks.shape[0] == 0 or masks[m]
+    x, y, z = unit(dirs, m)
+    basis = sm.sh_basis(degree, x, y, z)
+    vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
+    for k in range(coeffs.shape[1]):
+        bk = basis[k] if (on and k < n_basis) else zero
+        v_coeffs[m, k, 0] = bk * vr
+        v_coeffs[m, k, 1] = bk * vg
+        v_coeffs[m, k, 2] = bk * vb
+    if v_dirs.shape[0] == 0:
+        return
+    if on and degree > 0:
+        for k in range(25):
+            gk[k] = zero
+        for k in range(n_basis):
+            gk[k] = coeffs[m, k, 0] * vr + coeffs[m, k, 1] * vg + coeffs[m, k, 2] * vb
+        gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
+        vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
+        v_dirs[m, 0] = vx
+        v_dirs[m, 1] = vy
+        v_dirs[m, 2] = vz
+    else:
+        v_dirs[m, 0] = zero
+        v_dirs[m, 1] = zero
+        v_dirs[m, 2] = zero
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def backward_kernel(first, step, degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs):
+    """v_coeffs [M, K, 3]; v_dirs [M, 3] or [0, 3]; blocks first, first + step, ..."""
+    n = dirs.shape[0]
+    gk = np.zeros(25, dirs.dtype)
+    for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
+        for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+
+
+def forward(
+    degree: int,
+    dirs: torch.Tensor,  # [M, 3]
+    coeffs: torch.Tensor,  # [M, K, 3]
+    masks: torch.Tensor | None,  # [M] bool
+) -> torch.Tensor:
+    """Returns colors [M, 3] (masked-out rows 0)."""
+    colors = alloc((dirs.shape[0], 3), dirs.dtype)
+    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
+    n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
+    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), mk, view(colors))
+    return colors
+
+
+def backward(
+    degree: int,
+    dirs: torch.Tensor,  # [M, 3]
+    coeffs: torch.Tensor,  # [M, K, 3]
+    masks: torch.Tensor | None,  # [M] bool
+    v_colors: torch.Tensor,  # [M, 3]
+    need_v_dirs: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Returns v_dirs [M, 3] (or None), v_coeffs [M, K, 3]."""
+    v_coeffs = alloc(tuple(coeffs.shape), coeffs.dtype)
+    v_dirs = alloc((dirs.shape[0], 3), dirs.dtype) if need_v_dirs else None
+    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
+    np_dt = view(dirs).dtype
+    n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
+    parallel_for(
+        backward_kernel,
+        n_blocks,
+        degree,
+        view(dirs),
+        view(coeffs),
+        mk,
+        view(v_colors.contiguous()),
+        view(v_dirs) if v_dirs is not None else np.zeros((0, 3), np_dt),
+        view(v_coeffs),
+    )
+    return v_dirs, v_coeffs
