@@ -1,0 +1,124 @@
+"""``tilesplat bench``: time backends stage by stage, check their parity and self-noise."""
+
+from __future__ import annotations
+
+import argparse
+
+COMMAND = "bench"
+HELP = "Benchmark backends (per stage, per training step), check parity and self-noise."
+
+_EPILOG = """\
+arms are written backend[:scheme][@device]: backend torch | cpu | cuda, scheme per_pixel
+(default) | per_splat, device cpu | cuda (default: cuda for the cuda backend, else cpu).
+
+modes:
+  (default)          time every arm: ms per stage (projection+SH, intersection+sort, raster
+                     forward, raster backward, projection backward) and per training step
+                     (rasterization forward + backward + Adam), median / mean / sigma over
+                     repeats, speedups vs the first arm, pair evaluations per second and their
+                     % of the calibrated ceiling, peak memory, and a parity gate vs the first
+                     arm (a failing arm gets no speedup and the exit status is 1).
+  --parity A B       every output and gradient of arms A and B on one scene, under one shared
+                     random upstream gradient: element counts, max abs / rel difference, PASS
+                     or FAIL per tensor (an element fails when abs > --atol and rel > --rtol).
+  --self-noise K     K forward+backward passes of each arm of --arms: per gradient, the max
+                     difference to the first pass (0 means deterministic).
+  --calibrate-only   only measure the machine's per-pair ceiling.
+
+exit status: 0 ok, 1 a parity FAIL, 2 bad arguments (unknown arm, backend or scene).
+
+examples:
+  tilesplat bench --scene garden --arms torch cpu:per_pixel cpu:per_splat --out garden.json
+  tilesplat bench --scene synthetic:2000:64x48 --parity torch cpu:per_splat
+  tilesplat bench --scene garden --arms cpu:per_pixel cpu:per_splat --self-noise 3
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("--scene", default="synthetic:2000:64x48",
+                        help="'garden' or 'synthetic:N:WxH' (default: %(default)s)")
+    parser.add_argument("--arms", nargs="+", default=["torch"], metavar="ARM",
+                        help="arms to time, the first is the baseline (default: torch)")
+    parser.add_argument("--iters", type=int, default=3,
+                        help="timed iterations per repeat (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="repeats; statistics are over repeats (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed passes per arm before timing, >= 1 (default: %(default)s)")
+    parser.add_argument("--sh-degree", type=int, default=3,
+                        help="SH degree of the colours, 0-4 (default: %(default)s)")
+    parser.add_argument("--tile-size", type=int, default=16, help="default: %(default)s")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the shared upstream gradient (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Numba and torch threads (default: as configured)")
+    parser.add_argument("--parity", nargs=2, metavar=("A", "B"), default=None,
+                        help="compare every output and gradient of arms A and B")
+    parser.add_argument("--atol", type=float, default=1e-4, help="parity abs tolerance")
+    parser.add_argument("--rtol", type=float, default=1e-4, help="parity rel tolerance")
+    parser.add_argument("--self-noise", type=int, default=None, metavar="K",
+                        help="K repeated passes of each arm of --arms, difference to the first")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="skip the per-pair ceiling (no %% of ceiling in the report)")
+    parser.add_argument("--calibration-seconds", type=float, default=0.5,
+                        help="time spent measuring the ceiling (default: %(default)s)")
+    parser.add_argument("--calibrate-only", action="store_true",
+                        help="only measure and print the per-pair ceiling")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the bench table as Markdown (as in docs/benchmarks.md)")
+    parser.add_argument("--out", default=None, metavar="FILE.json",
+                        help="write every number and the machine to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from tilesplat import bench
+
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    if args.calibrate_only:
+        with bench.runner.thread_count(args.threads):
+            cal = bench.calibrate(args.calibration_seconds)
+        print(f"ceiling: {cal['pairs_per_s'] / 1e9:.3g} G pairs/s "
+              f"(median {cal['median_pairs_per_s'] / 1e9:.3g}, {cal['threads']} threads)")
+        result = {"schema": bench.SCHEMA, "kind": "calibration",
+                  "machine": bench.machine_info(), "calibration": cal}
+        _save(args.out, result)
+        return 0
+    common = {"sh_degree": args.sh_degree, "tile_size": args.tile_size, "seed": args.seed,
+              "dtype": dtype}
+    if args.parity is None and args.self_noise is None:
+        result = bench.run_bench(
+            args.scene, args.arms, iters=args.iters, repeats=args.repeats, warmup=args.warmup,
+            calibrate=not args.no_calibrate, calibration_seconds=args.calibration_seconds,
+            threads=args.threads, **common,
+        )
+        print(bench.format_bench(result, markdown=args.markdown))
+        _save(args.out, result)
+        return 0 if result["parity_gate_passed"] else 1
+    result = {"schema": bench.SCHEMA, "kind": "checks", "machine": bench.machine_info()}
+    status = 0
+    with bench.runner.thread_count(args.threads):
+        if args.parity is not None:
+            par = bench.run_parity(args.scene, *args.parity, atol=args.atol, rtol=args.rtol,
+                                   **common)
+            print(bench.format_parity(par))
+            result["parity"] = par
+            status = 0 if par["passed"] else 1
+        if args.self_noise is not None:
+            noise = bench.run_self_noise(args.scene, args.arms, k=args.self_noise, **common)
+            print(bench.format_self_noise(noise))
+            result["self_noise"] = noise
+    _save(args.out, result)
+    return status
+
+
+def _save(path: str | None, result: dict) -> None:
+    if path:
+        from tilesplat.bench import write_json
+
+        write_json(result, path)
+        print(f"wrote {path}")

@@ -1,0 +1,330 @@
+"""The bench harness: JSON schema, parity PASS/FAIL detection, self-noise, pair counts, CLI.
+
+Small scenes only (the torch reference is the arm here; timing numbers are never asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from tilesplat.bench import parity as parity_mod
+from tilesplat.bench import run_bench, run_parity, run_self_noise, write_json
+from tilesplat.bench.arms import parse_arm, parse_arms
+from tilesplat.bench.counts import count_pairs
+from tilesplat.bench.parity import compare
+from tilesplat.bench.stages import STAGES
+from tilesplat.cli import main
+
+SCENE = "synthetic:30:24x16"
+
+
+def _perturb(target: str, name: str, group: str = "grads"):
+    """A test hook that adds 1e-2 to one tensor of one arm's results."""
+
+    def hook(spec: str, res: dict) -> None:
+        if spec == target:
+            res[group][name] = res[group][name] + 1e-2
+
+    return hook
+
+
+# ---- arms and bad input ---------------------------------------------------------------------
+
+
+def test_parse_arm_defaults_and_canonical_names():
+    assert parse_arm("torch").spec == "torch:per_pixel"
+    assert parse_arm("cpu:per_splat").device == "cpu"
+    assert parse_arm("cuda").device == "cuda"
+    assert parse_arm("torch@cuda").spec == "torch:per_pixel@cuda"
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("foo", "unknown backend 'foo'"),
+        ("torch:sideways", "unknown backward scheme 'sideways'"),
+        ("torch@tpu", "unknown device 'tpu'"),
+        ("cpu@cuda", "runs on device 'cpu' only"),
+        ("auto", "unknown backend 'auto'"),
+        ("", "arm must be"),
+    ],
+)
+def test_parse_arm_errors(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_arm(spec)
+
+
+def test_parse_arms_rejects_duplicates():
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_arms(["torch", "torch:per_pixel"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_arm_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        parse_arms(["torch", "torch@cuda"])
+
+
+def test_bad_run_arguments():
+    with pytest.raises(ValueError, match="scene must be"):
+        run_parity("lawn", "torch", "torch")
+    with pytest.raises(ValueError, match="iters must be"):
+        run_bench(SCENE, ["torch"], iters=0)
+    with pytest.raises(ValueError, match="sh_degree"):
+        run_self_noise(SCENE, ["torch"], k=2, sh_degree=7)
+    with pytest.raises(ValueError, match="K >= 2"):
+        run_self_noise(SCENE, ["torch"], k=1)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arms", "nope"], "unknown backend 'nope'"),
+        (["--scene", "lawn"], "scene must be"),
+        (["--parity", "torch", "torch:diagonal"], "unknown backward scheme"),
+    ],
+)
+def test_cli_bad_input_exits_2(argv, message, capsys):
+    assert main(["bench", "--no-calibrate", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_help_documents_the_modes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--arms", "--iters", "--repeats", "--parity", "--self-noise", "--out",
+                 "per_splat", "exit status"):
+        assert flag in text
+
+
+# ---- parity ---------------------------------------------------------------------------------
+
+
+def test_compare_fails_only_when_abs_and_rel_both_fail():
+    a = torch.tensor([1.0, 1000.0, 0.0, 5.0])
+    assert compare(a, a + torch.tensor([5e-5, 0.05, 0, 0]))["passed"]  # abs ok / rel ok
+    row = compare(a, a + torch.tensor([0, 0, 0, 1e-3]))
+    assert not row["passed"] and row["n_fail"] == 1 and row["first_fail"]["flat_index"] == 3
+    assert math.isclose(row["max_abs"], 1e-3, rel_tol=1e-3)
+    assert not compare(a, a[:3])["passed"]
+    nan = torch.tensor([float("nan"), 1.0])
+    assert compare(nan, nan.clone())["passed"]
+    assert not compare(nan, torch.tensor([0.0, 1.0]))["passed"]
+
+
+def test_parity_torch_vs_torch_passes_on_every_tensor():
+    res = run_parity(SCENE, "torch", "torch:per_splat", sh_degree=1)
+    names = {r["name"] for r in res["tensors"]}
+    assert {"render_colors", "render_alphas", "radii", "means2d", "depths", "conics",
+            "isect_ids.tile_key", "isect_ids.depth", "flatten_ids", "v_means", "v_quats",
+            "v_scales", "v_opacities", "v_sh_coeffs", "v_means2d", "v_conics"} <= names
+    assert res["passed"], [r for r in res["tensors"] if not r["passed"]]
+    assert all(r["numel_a"] == r["numel_b"] > 0 for r in res["tensors"])
+
+
+def test_parity_detects_a_perturbed_gradient():
+    calls = []
+
+    def second_only(spec, r):
+        calls.append(spec)
+        if len(calls) == 2:
+            r["grads"]["v_scales"] = r["grads"]["v_scales"] * (1 + 1e-3) + 1e-3
+
+    res = run_parity(SCENE, "torch", "torch", sh_degree=0, hook=second_only)
+    failed = [r["name"] for r in res["tensors"] if not r["passed"]]
+    assert failed == ["v_scales"] and not res["passed"]
+
+
+def test_cli_parity_fail_exits_1_and_writes_json(tmp_path, monkeypatch, capsys):
+    real = parity_mod.staged_pass
+    calls = []
+
+    def perturbed(*args, **kw):
+        res = real(*args, **kw)
+        calls.append(1)
+        if len(calls) == 2:
+            res["outputs"]["render_colors"] = res["outputs"]["render_colors"] + 0.5
+        return res
+
+    monkeypatch.setattr(parity_mod, "staged_pass", perturbed)
+    out = tmp_path / "parity.json"
+    code = main(["bench", "--scene", SCENE, "--sh-degree", "0", "--parity", "torch", "torch",
+                 "--out", str(out)])
+    assert code == 1
+    assert "PARITY FAIL" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["kind"] == "checks" and data["parity"]["passed"] is False
+
+
+def test_parity_of_a_scene_with_no_intersection():
+    from tilesplat.data.scenes import load_scene
+
+    scene = load_scene("synthetic:20:16x16")
+    scene.means[:, 2] -= 10.0  # every Gaussian behind the camera
+    res = run_parity(scene, "torch", "torch", sh_degree=0)
+    rows = {r["name"]: r for r in res["tensors"]}
+    assert res["passed"] and rows["flatten_ids"]["numel_a"] == 0
+
+
+# ---- self-noise -----------------------------------------------------------------------------
+
+
+def test_self_noise_of_the_reference_is_zero():
+    res = run_self_noise(SCENE, ["torch"], k=2, sh_degree=1)
+    (arm,) = res["arms"]
+    assert arm["passes"] == 2 and arm["max_rel"] == 0.0 and arm["bitwise_identical"]
+    assert {"v_means", "v_sh_coeffs", "v_conics"} <= set(arm["grads"])
+
+
+def test_cli_self_noise_with_one_thread(tmp_path, capsys):
+    import numba
+
+    before = numba.get_num_threads()
+    out = tmp_path / "noise.json"
+    assert main(["bench", "--scene", SCENE, "--sh-degree", "0", "--self-noise", "2",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert numba.get_num_threads() == before  # restored
+    assert "bitwise identical: yes" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["self_noise"]["arms"][0]["max_rel"] == 0.0
+
+
+def test_self_noise_sees_a_nondeterministic_pass():
+    calls = []
+
+    def noisy(spec, r):
+        calls.append(spec)
+        if len(calls) == 2:
+            r["grads"]["v_means"] = r["grads"]["v_means"] * (1 + 1e-6)
+
+    (arm,) = run_self_noise(SCENE, "torch", k=2, sh_degree=0, hook=noisy)["arms"]
+    assert not arm["grads"]["v_means"]["bitwise_identical"]
+    assert 0 < arm["grads"]["v_means"]["max_rel"] <= 2e-6
+    assert arm["grads"]["v_quats"]["max_rel"] == 0.0
+
+
+# ---- pair counts ----------------------------------------------------------------------------
+
+
+def _brute_force_counts(m2, co, op, offsets, flat, width, height, ts):
+    tw, th = offsets.shape[-1], offsets.shape[-2]
+    off = offsets.reshape(-1).tolist()
+    n = len(flat)
+    bound = fwd = bwd = 0
+    for t in range(len(off)):
+        ty, tx = (t // tw) % th, t % tw
+        start, end = off[t], off[t + 1] if t + 1 < len(off) else n
+        for y in range(ty * ts, min(ty * ts + ts, height)):
+            for x in range(tx * ts, min(tx * ts + ts, width)):
+                bound += end - start
+                trans, last, k = 1.0, -1, 0
+                for j in range(start, end):
+                    g = flat[j]
+                    k += 1
+                    dx, dy = m2[g][0] - x - 0.5, m2[g][1] - y - 0.5
+                    sigma = 0.5 * (co[g][0] * dx * dx + co[g][2] * dy * dy) + co[g][1] * dx * dy
+                    if sigma < 0:
+                        continue
+                    alpha = min(0.999, op[g] * math.exp(-sigma))
+                    if alpha < 1 / 255:
+                        continue
+                    if trans * (1 - alpha) <= 1e-4:
+                        break
+                    trans, last = trans * (1 - alpha), j
+                fwd += k
+                bwd += last - start + 1 if last >= 0 else 0
+    return {"bound": bound, "forward": fwd, "backward": bwd}
+
+
+def test_pair_counts_match_a_brute_force_replay():
+    from tilesplat.bench.stages import make_inputs, staged_pass, upstream_gradient
+    from tilesplat.bench.timing import NullTimer
+    from tilesplat.data.scenes import load_scene
+
+    scene = load_scene("synthetic:120:40x20")
+    arm = parse_arm("torch")
+    inp = make_inputs(scene, arm, 0, 16, upstream_gradient(scene, 0))
+    out = staged_pass(inp, arm, NullTimer())["outputs"]
+    ops = scene.opacities[None]
+    got = count_pairs(out["means2d"], out["conics"], ops, out["isect_offsets"],
+                      out["flatten_ids"], scene.width, scene.height, 16)
+    want = _brute_force_counts(out["means2d"].reshape(-1, 2).double().tolist(),
+                               out["conics"].reshape(-1, 3).double().tolist(),
+                               ops.reshape(-1).double().tolist(), out["isect_offsets"],
+                               out["flatten_ids"].tolist(), scene.width, scene.height, 16)
+    assert {k: got[k] for k in want} == want
+    assert got["intersections"] == out["flatten_ids"].numel() > 0
+    assert 0 < got["backward"] <= got["forward"] <= got["bound"]
+
+
+# ---- the bench run and its JSON -------------------------------------------------------------
+
+
+def test_cli_bench_writes_the_documented_json(tmp_path, capsys):
+    out = tmp_path / "sub" / "bench.json"
+    code = main(["bench", "--scene", SCENE, "--arms", "torch", "torch:per_splat", "--iters",
+                 "1", "--repeats", "2", "--sh-degree", "1", "--calibration-seconds", "0.02",
+                 "--markdown", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "| raster backward |" in text and "| training step |" in text and "ceiling" in text
+    assert [p.name for p in out.parent.iterdir()] == ["bench.json"]  # no temporary left
+    data = json.loads(out.read_text())
+    assert data["schema"] == "tilesplat.bench/1" and data["kind"] == "bench"
+    m = data["machine"]
+    assert m["cpu_model"] and m["threads"]["torch"] >= 1 and m["date_utc"]
+    assert {"python", "torch", "numba"} <= set(m["versions"])
+    assert data["scene"]["name"] == SCENE and data["scene"]["gaussians"] == 30
+    assert data["calibration"]["pairs_per_s"] > 0
+    assert len(data["calibration"]["interleaved"]["iterations"]) == 2
+    assert data["pairs"]["forward"] > 0 and data["parity_gate_passed"] is True
+    assert [a["spec"] for a in data["arms"]] == ["torch:per_pixel", "torch:per_splat"]
+    for arm in data["arms"]:
+        for stage in (*STAGES, "staged_total", "step"):
+            t = arm["ms"][stage]
+            assert len(t["samples"]) == 2 and len(t["iterations"]) == 2
+            assert t["median"] > 0 and t["std"] >= 0 and t["mean"] > 0
+            assert t["time_ratio_to_first"] > 0 and t["speedup_vs_first"] > 0
+        assert arm["ms"]["step"]["time_ratio_to_first"] > 0
+        assert arm["evals"]["forward"]["pairs_per_s"] > 0
+        assert arm["evals"]["forward"]["pct_of_ceiling"] > 0
+        assert arm["peak_memory"]["peak_bytes"] > 0
+    assert data["arms"][0]["ms"]["step"]["time_ratio_to_first"] == 1.0
+
+
+def test_bench_parity_gate_withholds_speedups():
+    res = run_bench(SCENE, ["torch", "torch:per_splat"], iters=1, repeats=1, sh_degree=0,
+                    calibrate=False, hook=_perturb("torch:per_splat", "render_colors",
+                                                   "outputs"))
+    assert not res["parity_gate_passed"]
+    first, second = res["arms"]
+    assert first["parity_gate"]["passed"]
+    assert second["parity_gate"]["failed"] == ["render_colors"]
+    assert second["ms"]["step"]["speedup_vs_first"] is None
+    assert second["evals"]["forward"]["pct_of_ceiling"] is None  # not calibrated
+
+
+def test_write_json_is_atomic_and_strict(tmp_path):
+    path = tmp_path / "x.json"
+    write_json({"a": float("nan"), "b": (1, 2), "c": torch.tensor(3.5)}, str(path))
+    assert json.loads(path.read_text()) == {"a": None, "b": [1, 2], "c": 3.5}
+    with pytest.raises(TypeError):
+        write_json({"bad": object()}, str(path))
+    assert json.loads(path.read_text())["c"] == 3.5  # the old file survives a failed write
+    assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+def test_cli_calibrate_only(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    assert main(["bench", "--calibrate-only", "--calibration-seconds", "0.01", "--out",
+                 str(out)]) == 0
+    assert capsys.readouterr().out.startswith("ceiling: ")
+    cal = json.loads(out.read_text())["calibration"]
+    assert cal["pairs_per_s"] >= cal["median_pairs_per_s"] > 0 and cal["calls"] >= 3
