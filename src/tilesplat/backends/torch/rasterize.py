@@ -37,123 +37,156 @@ def _tile_lists(isect_offsets: Tensor, n_isects: int, masks: Tensor | None):
     return starts, counts
 
 
+def _buckets(counts: Tensor, P: int):
+    """Yields the busy tiles in buckets of similar list length whose padded size
+    (tiles × P × longest list) stays within BUCKET_ELEMENTS (at least one tile each)."""
+    order = torch.argsort(counts, stable=True)
+    busy = order[counts[order] > 0]
+    kmax = counts[busy]
+    pos, nb = 0, busy.numel()
+    while pos < nb:
+        # Sorted ascending, so the padded size of "tiles pos..e" grows with e.
+        sizes = torch.arange(1, nb - pos + 1, device=counts.device) * P * kmax[pos:]
+        end = pos + max(1, int((sizes <= BUCKET_ELEMENTS).sum()))
+        yield busy[pos:end], int(kmax[end - 1])
+        pos = end
+
+
+def _gather(tiles, K, starts, counts, flatten_ids, geometry):
+    """Gaussian ids [t, K] of each tile's list (padding: id 0, ``in_list`` False), the
+    intersection indices [t, K], and the pixel centres [t, P, 2] and flat pixel ids [t, P]
+    (-1 outside the image)."""
+    I, TH, TW, width, height, tile_size = geometry
+    dev = tiles.device
+    k = torch.arange(K, device=dev)
+    in_list = k[None, :] < counts[tiles][:, None]
+    isect = (starts[tiles][:, None] + k[None, :]).clamp(max=max(flatten_ids.numel() - 1, 0))
+    gid = torch.where(in_list, flatten_ids[isect].to(torch.int64), 0)
+    local = torch.arange(tile_size * tile_size, device=dev)
+    image = tiles // (TH * TW)
+    ty, tx = (tiles % (TH * TW)) // TW, tiles % TW
+    px = tx[:, None] * tile_size + (local % tile_size)[None, :]
+    py = ty[:, None] * tile_size + (local // tile_size)[None, :]
+    inside = (px < width) & (py < height)
+    flat = torch.where(inside, (image[:, None] * height + py) * width + px, -1)
+    return gid, in_list, isect, torch.stack([px, py], -1), flat, image
+
+
+def _composite_bucket(mean, conic, color, opac, in_list, pixels):
+    """The contract for one bucket of tiles. mean [t,K,2], conic [t,K,3], color [t,K,D],
+    opac [t,K], in_list [t,K], pixels [t,P,2] (integer x, y).
+
+    Returns accumulated colour [t,P,D], transmittance [t,P], contributing mask [t,P,K] and
+    the pair deltas [t,P,K,2] (mean - pixel centre).
+    """
+    centre = pixels.to(mean.dtype) + PIXEL_CENTER
+    delta = mean[:, None, :, :] - centre[:, :, None, :]
+    a, b, c = conic.unbind(-1)
+    dx, dy = delta[..., 0], delta[..., 1]
+    sigma = 0.5 * (a[:, None] * dx * dx + c[:, None] * dy * dy) + b[:, None] * dx * dy
+    ok = in_list[:, None, :] & (sigma >= 0)
+    sigma = torch.where(ok, sigma, torch.zeros_like(sigma))
+    alpha = torch.clamp_max(opac[:, None, :] * torch.exp(-sigma), ALPHA_CLAMP)
+    active = ok & (alpha >= ALPHA_SKIP)
+    alpha = torch.where(active, alpha, torch.zeros_like(alpha))
+    one_minus = 1.0 - alpha
+    t_incl = torch.cumprod(one_minus, dim=-1)
+    t_excl = torch.cat([torch.ones_like(t_incl[..., :1]), t_incl[..., :-1]], dim=-1)
+    contrib = active & (t_incl > TRANSMITTANCE_STOP)
+    weight = torch.where(contrib, alpha * t_excl, torch.zeros_like(alpha))
+    accum = torch.einsum("tpk,tkd->tpd", weight, color)
+    trans = torch.prod(torch.where(contrib, one_minus, torch.ones_like(alpha)), -1)
+    return accum, trans, contrib, delta
+
+
 def composite(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
-              isect_offsets, flatten_ids, pair_deltas: list | None = None):
+              isect_offsets, flatten_ids):
     """The definition. Shapes: means2d [G,2], conics [G,3], colors [G,D], opacities [G],
     backgrounds [I,D] or None, masks [I,TH,TW] or None, isect_offsets [I,TH,TW],
     flatten_ids [n].
 
     Returns render_colors [I,H,W,D], render_alphas [I,H,W,1], last_ids [I,H,W] int32.
-    If ``pair_deltas`` is a list, (deltas [t,P,K,2], gaussian ids [t,K]) of every bucket are
-    appended to it (used for absgrad).
     """
     I, TH, TW = isect_offsets.shape
     D = colors.shape[-1]
-    P = tile_size * tile_size
     dev, dt = means2d.device, means2d.dtype
     starts, counts = _tile_lists(isect_offsets, flatten_ids.shape[0], masks)
-
-    # Pixel (x, y) of every tile-local index, and its flat index in [I*H*W] (-1 outside).
-    local = torch.arange(P, device=dev)
-    lx, ly = local % tile_size, local // tile_size
-
-    order = torch.argsort(counts, stable=True)
-    counts_sorted = counts[order]
-    busy = order[counts_sorted > 0]
-    kmax_sorted = counts_sorted[counts_sorted > 0]
-
-    acc_parts, trans_parts, last_parts, pix_parts = [], [], [], []
-    pos, nb = 0, busy.numel()
-    while pos < nb:
-        # Lists are sorted ascending, so the padded size of "tiles pos..e" grows with e:
-        # take the longest run that fits the budget (at least one tile).
-        sizes = torch.arange(1, nb - pos + 1, device=dev) * P * kmax_sorted[pos:]
-        end = pos + max(1, int((sizes <= BUCKET_ELEMENTS).sum()))
-        K = int(kmax_sorted[end - 1])
-        tiles = busy[pos:end]
-        pos = end
-
-        image = tiles // (TH * TW)
-        ty, tx = (tiles % (TH * TW)) // TW, tiles % TW
-        px = tx[:, None] * tile_size + lx[None, :]  # [t, P]
-        py = ty[:, None] * tile_size + ly[None, :]
-        centre = torch.stack([px, py], -1).to(dt) + PIXEL_CENTER  # [t, P, 2]
-
-        k = torch.arange(K, device=dev)
-        in_list = k[None, :] < counts[tiles][:, None]  # [t, K]
-        isect = (starts[tiles][:, None] + k[None, :]).clamp(max=max(flatten_ids.numel() - 1, 0))
-        gid = torch.where(in_list, flatten_ids[isect].to(torch.int64), 0)  # [t, K]
-
-        delta = means2d[gid][:, None, :, :] - centre[:, :, None, :]  # [t, P, K, 2]
-        if pair_deltas is not None:
-            pair_deltas.append((delta, gid, in_list))
-        a, b, c = conics[gid].unbind(-1)  # [t, K]
-        dx, dy = delta[..., 0], delta[..., 1]
-        sigma = 0.5 * (a[:, None] * dx * dx + c[:, None] * dy * dy) + b[:, None] * dx * dy
-        ok = in_list[:, None, :] & (sigma >= 0)
-        sigma = torch.where(ok, sigma, torch.zeros_like(sigma))
-        alpha = torch.clamp_max(opacities[gid][:, None, :] * torch.exp(-sigma), ALPHA_CLAMP)
-        active = ok & (alpha >= ALPHA_SKIP)
-        alpha = torch.where(active, alpha, torch.zeros_like(alpha))  # [t, P, K]
-
-        one_minus = 1.0 - alpha
-        t_incl = torch.cumprod(one_minus, dim=-1)
-        t_excl = torch.cat([torch.ones_like(t_incl[..., :1]), t_incl[..., :-1]], dim=-1)
-        contrib = active & (t_incl > TRANSMITTANCE_STOP)
-        weight = torch.where(contrib, alpha * t_excl, torch.zeros_like(alpha))
-        acc_parts.append(torch.einsum("tpk,tkd->tpd", weight, colors[gid]))
-        trans_parts.append(torch.prod(torch.where(contrib, one_minus, torch.ones_like(alpha)), -1))
-        last = torch.where(contrib, isect[:, None, :], torch.full_like(isect[:, None, :], -1))
-        last_parts.append(last.amax(dim=-1))
-
-        inside = (px < width) & (py < height)
-        flat = (image[:, None] * height + py) * width + px
-        pix_parts.append(torch.where(inside, flat, torch.full_like(flat, -1)))
-
+    geometry = (I, TH, TW, width, height, tile_size)
     n_pix = I * height * width
     accum = torch.zeros((n_pix, D), dtype=dt, device=dev)
     trans = torch.ones((n_pix,), dtype=dt, device=dev)
     last_ids = torch.full((n_pix,), -1, dtype=torch.int64, device=dev)
-    if pix_parts:
-        pix = torch.cat([p.reshape(-1) for p in pix_parts])
-        keep = pix >= 0
-        pix = pix[keep]
-        accum = accum.index_put((pix,), torch.cat([x.reshape(-1, D) for x in acc_parts])[keep])
-        trans = trans.index_put((pix,), torch.cat([x.reshape(-1) for x in trans_parts])[keep])
-        last_ids = last_ids.index_put((pix,), torch.cat([x.reshape(-1) for x in last_parts])[keep])
+    for tiles, K in _buckets(counts, tile_size * tile_size):
+        gid, in_list, isect, pixels, flat, _ = _gather(tiles, K, starts, counts, flatten_ids,
+                                                       geometry)
+        acc_b, trans_b, contrib, _ = _composite_bucket(
+            means2d[gid], conics[gid], colors[gid], opacities[gid], in_list, pixels)
+        last = torch.where(contrib, isect[:, None, :], -1).amax(dim=-1)
+        keep = flat >= 0
+        pix = flat[keep]
+        accum = accum.index_put((pix,), acc_b[keep])
+        trans = trans.index_put((pix,), trans_b[keep])
+        last_ids[pix] = last[keep]
 
     render_colors = accum.reshape(I, height, width, D)
     trans = trans.reshape(I, height, width, 1)
     if backgrounds is not None:
         render_colors = render_colors + trans * backgrounds[:, None, None, :]
-    render_alphas = 1.0 - trans
-    return render_colors, render_alphas, last_ids.reshape(I, height, width).to(torch.int32)
+    return render_colors, 1.0 - trans, last_ids.reshape(I, height, width).to(torch.int32)
 
 
 def forward(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
             isect_offsets, flatten_ids):
-    return composite(means2d, conics, colors, opacities, backgrounds, masks, width, height,
-                     tile_size, isect_offsets, flatten_ids)
+    with torch.no_grad():
+        return composite(means2d, conics, colors, opacities, backgrounds, masks, width, height,
+                         tile_size, isect_offsets, flatten_ids)
 
 
 def backward(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
              isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
              v_render_colors, v_render_alphas, absgrad, scheme):
-    """Both schemes are autograd's gradient of :func:`composite` (recomputed here)."""
+    """Both schemes are autograd's gradient of :func:`composite`, taken bucket by bucket
+    (buckets own disjoint pixels, so their vector-Jacobian products simply add up), which
+    keeps memory at one bucket's graph."""
     del render_colors, render_alphas, last_ids, scheme
-    deltas: list | None = [] if absgrad else None
-    with torch.enable_grad():
-        leaves = [leaf(means2d), leaf(conics), leaf(colors), leaf(opacities), leaf(backgrounds)]
-        out_c, out_a, _ = composite(*leaves, masks, width, height, tile_size, isect_offsets,
-                                    flatten_ids, pair_deltas=deltas)
-        grads = vjp([out_c, out_a], [v_render_colors, v_render_alphas],
-                    leaves + [d for d, _, _ in (deltas or [])])
-    v_means2d, v_conics, v_colors, v_opacities, v_backgrounds = grads[:5]
-    abs_means2d = None
-    if absgrad:
-        abs_means2d = torch.zeros_like(means2d)
-        for (_, gid, in_list), v_delta in zip(deltas, grads[5:], strict=True):
-            per_pair = v_delta.abs().sum(dim=1)  # [t, K, 2]: summed over the tile's pixels
-            sel = in_list.reshape(-1)
-            abs_means2d.index_add_(0, gid.reshape(-1)[sel], per_pair.reshape(-1, 2)[sel])
+    I, TH, TW = isect_offsets.shape
+    D = colors.shape[-1]
+    starts, counts = _tile_lists(isect_offsets, flatten_ids.shape[0], masks)
+    geometry = (I, TH, TW, width, height, tile_size)
+    v_col = v_render_colors.reshape(-1, D)
+    v_alpha = v_render_alphas.reshape(-1)
+    v_means2d, v_conics = torch.zeros_like(means2d), torch.zeros_like(conics)
+    v_colors, v_opacities = torch.zeros_like(colors), torch.zeros_like(opacities)
+    abs_means2d = torch.zeros_like(means2d) if absgrad else None
+    # With a background, d color / d background = T per pixel; T = 1 where no tile list ran.
+    if backgrounds is not None:
+        trans_all = torch.ones(I * height * width, dtype=means2d.dtype, device=means2d.device)
+    for tiles, K in _buckets(counts, tile_size * tile_size):
+        gid, in_list, _, pixels, flat, image = _gather(tiles, K, starts, counts, flatten_ids,
+                                                       geometry)
+        keep = flat >= 0
+        safe = flat.clamp_min(0)
+        g_col = torch.where(keep[..., None], v_col[safe], 0.0)  # [t, P, D]
+        g_alpha = torch.where(keep, v_alpha[safe], 0.0)  # [t, P]
+        with torch.enable_grad():
+            leaves = [leaf(x[gid]) for x in (means2d, conics, colors, opacities)]
+            acc_b, trans_b, _, delta = _composite_bucket(*leaves, in_list, pixels)
+            g_trans = -g_alpha
+            if backgrounds is not None:
+                g_trans = g_trans + (g_col * backgrounds[image][:, None, :]).sum(-1)
+            wanted = leaves + ([delta] if absgrad else [])
+            grads = vjp([acc_b, trans_b], [g_col, g_trans], wanted)
+        sel = in_list.reshape(-1)
+        ids = gid.reshape(-1)[sel]
+        for full, g in zip((v_means2d, v_conics, v_colors, v_opacities), grads[:4], strict=True):
+            full.index_add_(0, ids, g.reshape(-1, *full.shape[1:])[sel])
+        if absgrad:
+            per_pair = grads[4].abs().sum(dim=1)  # [t, K, 2] summed over the tile's pixels
+            abs_means2d.index_add_(0, ids, per_pair.reshape(-1, 2)[sel])
+        if backgrounds is not None:
+            trans_all[flat[keep]] = trans_b.detach()[keep]
+    v_backgrounds = None
+    if backgrounds is not None:
+        per_pixel = v_col * trans_all[:, None]
+        v_backgrounds = per_pixel.reshape(I, -1, D).sum(dim=1)
     return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, abs_means2d
