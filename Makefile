@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and pinned: this machine's CPU build; a bare "torch" would pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	# [cuda] brings numba-cuda and its NVVM: CI compiles every GPU kernel to PTX and runs
+	# them in the simulator (no GPU needed).
+	$(BIN)/pip install --quiet -e ".[dev,cuda]"
 	touch $(STAMP)
 
 setup: $(STAMP)

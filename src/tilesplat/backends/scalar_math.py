@@ -879,16 +879,23 @@ FUNCTIONS = (
 )
 
 
-def build(decorator: Callable[[Callable[..., Any]], Any], name: str) -> types.ModuleType:
+def build(
+    decorator: Callable[[Callable[..., Any]], Any],
+    name: str,
+    overrides: dict[str, Any] | None = None,
+) -> types.ModuleType:
     """Compiles-on-demand copies of every function of :data:`FUNCTIONS` for one Numba target.
 
     ``decorator`` is e.g. ``numba.njit(inline="always")`` or ``numba.cuda.jit(device=True)``.
     Each copy's globals see the decorated copies of the others, so calls between them stay
     inside compiled code. Nothing compiles here; Numba compiles on first call. The result is
     a module object named ``name`` (Numba resolves ``module.function`` inside kernels).
+    ``overrides`` replaces helpers the copies call (e.g. ``like`` / ``as_int32``, which a target
+    may have to provide as its own intrinsics).
     """
     module = sys.modules[__name__]
     namespace: dict[str, Any] = dict(vars(module))
+    namespace.update(overrides or {})
     out = types.ModuleType(name, "scalar_math compiled for one target")
     for name in FUNCTIONS:
         fn = getattr(module, name)

@@ -102,8 +102,15 @@ def make_inputs(scene: Scene, arm: Arm, sh_degree: int, tile_size: int,
                   tile_size, upstream[0].to(dev), upstream[1].to(dev))
 
 
-def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer) -> dict[str, Any]:
+def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
+                feed: dict[str, Any] | None = None) -> dict[str, Any]:
     """One forward + backward pass, stage by stage, timed by ``timer``.
+
+    With ``feed`` (the result of another arm's pass; used by parity) every stage sees that
+    arm's inputs: intersection and rasterization run on its projection outputs, and the
+    projection backward on its rasterizer gradients. So each op is compared on identical
+    inputs, and a one-ulp difference at a ``ceil`` (a radius one pixel larger) does not
+    cascade into every tensor downstream.
 
     Returns:
         dict with ``outputs`` (render_colors [C,H,W,3], render_alphas [C,H,W,1], radii [C,N,2],
@@ -129,6 +136,11 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer) -> dict[str, Any]:
         )
         colors = torch.clamp_min(colors + 0.5, 0.0)  # [C, N, 3]
         opacities = leaves["opacities"][None].expand(C, N)  # [C, N]
+    own = {"radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
+           "colors": colors}
+    if feed is not None:
+        radii, means2d, depths, conics, colors = (
+            feed["outputs"][k] for k in ("radii", "means2d", "depths", "conics", "colors"))
     tw, th = math.ceil(W / ts), math.ceil(H / ts)
     with timer.stage("intersection"):
         _, isect_ids, flatten_ids = isect_tiles(
@@ -150,10 +162,13 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer) -> dict[str, Any]:
         torch.autograd.backward(
             [render_colors, render_alphas], [inp.v_render_colors, inp.v_render_alphas]
         )
+    upstream = [_grad(cut[k]) for k in ("means2d", "conics", "colors", "opacities")]
+    if feed is not None:
+        upstream = [feed["grads"][k] for k in ("v_means2d", "v_conics", "v_colors",
+                                                "v_raster_opacities")]
     with timer.stage("projection_backward"):
         torch.autograd.backward(
-            [means2d, conics, colors, opacities],
-            [_grad(cut[k]) for k in ("means2d", "conics", "colors", "opacities")],
+            [own["means2d"], own["conics"], own["colors"], opacities], upstream
         )
     grads = {f"v_{k}": _grad(v) for k, v in leaves.items()}
     grads.update({f"v_{k}" if k != "opacities" else "v_raster_opacities": _grad(v)
@@ -161,11 +176,11 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer) -> dict[str, Any]:
     outputs = {
         "render_colors": render_colors.detach(),
         "render_alphas": render_alphas.detach(),
-        "radii": radii,
-        "means2d": means2d.detach(),
-        "depths": depths.detach(),
-        "conics": conics.detach(),
-        "colors": colors.detach(),
+        "radii": own["radii"],
+        "means2d": own["means2d"].detach(),
+        "depths": own["depths"].detach(),
+        "conics": own["conics"].detach(),
+        "colors": own["colors"].detach(),
         "isect_ids": isect_ids,
         "flatten_ids": flatten_ids,
         "isect_offsets": isect_offsets,

@@ -1,0 +1,52 @@
+"""The shared scalar math (``backends/scalar_math.py``) compiled for the CUDA target.
+
+``scalar_math`` casts its constants with ``like(x, c)`` and ``as_int32(x)``, two functions
+given to Numba through ``numba.extending.overload``. numba-cuda types an overload by
+compiling its implementation as a device function for the *current device*, which fails on
+a machine without a GPU (``compile_ptx`` for sm_80/sm_90 in CI). So the CUDA copies of the
+scalar functions see two numba-cuda intrinsics instead: they are typed without compiling
+anything and lower to one cast. Everything else is ``scalar_math`` itself.
+
+Under the simulator (``NUMBA_ENABLE_CUDASIM=1``) the plain Python functions run as they are.
+"""
+
+from __future__ import annotations
+
+import types
+from functools import cache
+from typing import Any
+
+from numba import cuda
+
+from .. import scalar_math
+from .runtime import SIMULATOR
+
+if not SIMULATOR:
+    from numba.cuda import types as nbtypes
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _like(typingctx, x, c):  # noqa: ARG001 - numba's intrinsic signature
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[1], signature.args[1], signature.args[0])
+
+        return x(x, c), codegen
+
+    @intrinsic
+    def _as_int32(typingctx, x):  # noqa: ARG001
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[0], signature.args[0], nbtypes.int32)
+
+        return nbtypes.int32(x), codegen
+
+    _OVERRIDES: dict[str, Any] = {"like": _like, "as_int32": _as_int32}
+else:
+    _OVERRIDES = {}
+
+
+@cache
+def device_math() -> types.ModuleType:
+    """Every function of ``scalar_math.FUNCTIONS`` as an inlined CUDA device function."""
+    return scalar_math.build(
+        cuda.jit(device=True, inline=True), "tilesplat_cuda_math", overrides=_OVERRIDES
+    )

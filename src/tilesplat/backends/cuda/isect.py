@@ -1,0 +1,193 @@
+"""Tile intersection kernels: ``isect_tiles`` (count, prefix sum, fill, stable sort) and
+``isect_offset_encode``.
+
+The prefix sum and the sort run as PyTorch ops on the same stream (``torch.cumsum``,
+``torch.sort(stable=True)``); the one host synchronisation reads the number of
+intersections to allocate the lists. Intersections are written by Gaussian, then tile
+row-major, before the stable sort, so the order equals the reference's.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import torch
+from numba import cuda
+
+from .runtime import cdiv, empty, float_type, optional, stream, view
+
+THREADS = 256
+
+
+def make_isect_count(ft: type):
+    """Kernel body: tiles_per_gauss[g] = number of tiles the Gaussian's box covers."""
+
+    def isect_count(means2d, radii, tile_size, tile_width, tile_height, counts):
+        # means2d [G, 2], radii [G, 2] int32 -> counts [G] int32
+        g = cuda.grid(1)
+        if g >= counts.shape[0]:
+            return
+        if radii[g, 0] <= 0 or radii[g, 1] <= 0:
+            counts[g] = 0
+            return
+        ts = ft(tile_size)
+        mx = means2d[g, 0] / ts
+        my = means2d[g, 1] / ts
+        rx = ft(radii[g, 0]) / ts
+        ry = ft(radii[g, 1]) / ts
+        x0 = min(max(int(math.floor(mx - rx)), 0), tile_width)
+        x1 = min(max(int(math.ceil(mx + rx)), 0), tile_width)
+        y0 = min(max(int(math.floor(my - ry)), 0), tile_height)
+        y1 = min(max(int(math.ceil(my + ry)), 0), tile_height)
+        counts[g] = (x1 - x0) * (y1 - y0)
+
+    return isect_count
+
+
+def make_isect_fill(ft: type):
+    """Kernel body: writes each Gaussian's keys and ids from its first slot on."""
+
+    def isect_fill(
+        means2d, radii, depth_bits, image_ids, packed, n_per_image, tile_size, tile_width,
+        tile_height, tile_bits, ends, isect_ids, flatten_ids,
+    ):  # fmt: skip
+        # means2d [G, 2], radii [G, 2], depth_bits [G] int64, image_ids [G] (packed),
+        # ends [G] int64 inclusive prefix sum of the counts -> isect_ids [n] int64, flatten_ids
+        g = cuda.grid(1)
+        if g >= ends.shape[0]:
+            return
+        if radii[g, 0] <= 0 or radii[g, 1] <= 0:
+            return
+        ts = ft(tile_size)
+        mx = means2d[g, 0] / ts
+        my = means2d[g, 1] / ts
+        rx = ft(radii[g, 0]) / ts
+        ry = ft(radii[g, 1]) / ts
+        x0 = min(max(int(math.floor(mx - rx)), 0), tile_width)
+        x1 = min(max(int(math.ceil(mx + rx)), 0), tile_width)
+        y0 = min(max(int(math.floor(my - ry)), 0), tile_height)
+        y1 = min(max(int(math.ceil(my + ry)), 0), tile_height)
+        slot = ends[g] - (x1 - x0) * (y1 - y0)
+        image = np.int64(image_ids[g]) if packed else np.int64(g // n_per_image)
+        high = image << (32 + tile_bits)
+        for ty in range(y0, y1):
+            for tx in range(x0, x1):
+                tile = np.int64(ty * tile_width + tx)
+                isect_ids[slot] = high | (tile << 32) | depth_bits[g]
+                flatten_ids[slot] = g
+                slot += 1
+
+    return isect_fill
+
+
+def isect_offset_encode_kernel(isect_ids, tile_bits, n_tiles, offsets):
+    """Kernel body: offsets[t] = first intersection of flat tile t (t over I * TH * TW)."""
+    i = cuda.grid(1)
+    n = isect_ids.shape[0]
+    if i >= n:
+        return
+    high = isect_ids[i] >> 32
+    flat = (high >> tile_bits) * n_tiles + (high & ((np.int64(1) << tile_bits) - 1))
+    prev = np.int64(-1)
+    if i > 0:
+        ph = isect_ids[i - 1] >> 32
+        prev = (ph >> tile_bits) * n_tiles + (ph & ((np.int64(1) << tile_bits) - 1))
+    for t in range(prev + 1, flat + 1):
+        offsets[t] = i
+    if i == n - 1:
+        for t in range(flat + 1, offsets.shape[0]):
+            offsets[t] = n
+
+
+@cache
+def _count_kernel(ft: type):
+    return cuda.jit(make_isect_count(ft))
+
+
+@cache
+def _fill_kernel(ft: type):
+    return cuda.jit(make_isect_fill(ft))
+
+
+@cache
+def _offset_kernel():
+    return cuda.jit(isect_offset_encode_kernel)
+
+
+def _depth_bits(depths: torch.Tensor) -> torch.Tensor:
+    """The float32 bit pattern of each depth, zero-extended to int64."""
+    bits = depths.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    return bits & 0xFFFFFFFF
+
+
+@torch.no_grad()
+def isect_tiles(
+    means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
+    radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
+    depths: torch.Tensor,  # [I, N] or [nnz]
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    sort: bool,
+    n_images: int,
+    image_ids: torch.Tensor | None,  # [nnz]
+    gaussian_ids: torch.Tensor | None,  # [nnz] (not needed: flatten_ids are rows)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launcher: tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n]."""
+    del n_images, gaussian_ids  # the image of a row comes from image_ids or its index
+    lead = means2d.shape[:-1]
+    device = means2d.device
+    m = means2d.reshape(-1, 2).contiguous()
+    r = radii.reshape(-1, 2).to(torch.int32).contiguous()
+    n_rows = m.shape[0]
+    counts = torch.zeros(n_rows, dtype=torch.int32, device=device)
+    if n_rows == 0:
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return counts.reshape(lead), none, none.to(torch.int32)
+    ft = float_type(m.dtype)
+    st = stream(device)
+    blocks = cdiv(n_rows, THREADS)
+    _count_kernel(ft)[blocks, THREADS, st](
+        view(m), view(r), tile_size, tile_width, tile_height, view(counts)
+    )
+    ends = torch.cumsum(counts, 0, dtype=torch.int64)
+    n = int(ends[-1])  # the one host synchronisation: the size of the lists
+    isect_ids = empty(max(n, 1), torch.int64, device)
+    flatten_ids = empty(max(n, 1), torch.int32, device)
+    packed = image_ids is not None
+    n_per_image = 1 if packed else max(means2d.shape[-2], 1)
+    bits = (tile_width * tile_height).bit_length()
+    ids = None if image_ids is None else image_ids.to(torch.int32).contiguous()
+    _fill_kernel(ft)[blocks, THREADS, st](
+        view(m), view(r), view(_depth_bits(depths.reshape(-1))),
+        optional(ids, counts, 1, torch.int32), packed, n_per_image, tile_size, tile_width,
+        tile_height, bits, view(ends), view(isect_ids), view(flatten_ids),
+    )  # fmt: skip
+    isect_ids, flatten_ids = isect_ids[:n], flatten_ids[:n]
+    if sort and n > 0:
+        isect_ids, order = torch.sort(isect_ids, stable=True)
+        flatten_ids = flatten_ids[order]
+    return counts.reshape(lead), isect_ids, flatten_ids
+
+
+@torch.no_grad()
+def isect_offset_encode(
+    isect_ids: torch.Tensor,  # [n] int64, sorted
+    n_images: int,
+    tile_width: int,
+    tile_height: int,
+) -> torch.Tensor:
+    """Launcher: offsets [I, TH, TW] int32, the first intersection of each tile."""
+    n_tiles = tile_width * tile_height
+    device = isect_ids.device
+    n = isect_ids.shape[0]
+    if n == 0 or n_images * n_tiles == 0:
+        return torch.zeros((n_images, tile_height, tile_width), dtype=torch.int32, device=device)
+    offsets = empty(n_images * n_tiles, torch.int32, device)
+    bits = (tile_width * tile_height).bit_length()
+    _offset_kernel()[cdiv(n, THREADS), THREADS, stream(device)](
+        view(isect_ids.contiguous()), bits, n_tiles, view(offsets)
+    )
+    return offsets.reshape(n_images, tile_height, tile_width)

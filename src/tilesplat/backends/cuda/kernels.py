@@ -1,0 +1,145 @@
+"""Catalogue of every kernel of the backend with its argument types, for ahead-of-time
+checks: ``numba.cuda.compile_ptx`` compiles each one for a given compute capability without
+a GPU (``tests/test_cuda_ptx.py``). The launchers compile the same kernel bodies lazily, on
+first use, for the device they run on; their arguments have exactly these types (Python
+ints are int64, floats float64, bools boolean; tensors C-contiguous).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numba.core import types as nt
+
+from .covariance import make_covar_bwd, make_covar_fwd
+from .isect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
+from .projection import make_projection_bwd, make_projection_fwd
+from .rasterize_bwd import make_bwd_per_pixel, make_bwd_per_splat
+from .rasterize_fwd import make_rasterize_fwd
+from .sh import make_sh_bwd, make_sh_fwd
+
+TILE = 16  # the tile size the PTX checks compile for (the kernels take any)
+CHANNELS = 3
+
+
+def _arr(dtype, ndim: int):
+    return nt.Array(dtype, ndim, "C")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel body builder and its argument types for one float type."""
+
+    name: str
+    body: Callable[[type], Callable]  # np.float32 / np.float64 -> Python kernel body
+    args: Callable[[nt.Type], tuple]  # numba float type -> argument types
+    float_types: tuple = (np.float32, np.float64)
+
+
+def _raster_common(F):
+    b, i64, i32 = nt.boolean, nt.int64, nt.int32
+    return (_arr(F, 2), _arr(F, 2), _arr(F, 2), _arr(F, 1), _arr(F, 2), b, _arr(b, 3), b,
+            i64, i64, _arr(i32, 1), _arr(i32, 1), i64)  # fmt: skip
+
+
+def _raster_grads(F):
+    return (_arr(F, 2), _arr(F, 2), _arr(F, 2), _arr(F, 1), _arr(F, 2))
+
+
+def _fwd_args(F):
+    return _raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(nt.int32, 3))
+
+
+def _per_pixel_args(F):
+    b = nt.boolean
+    return (_raster_common(F) + (_arr(F, 4), _arr(nt.int32, 3), _arr(F, 4), _arr(F, 4), b, b,
+            b) + _raster_grads(F))  # fmt: skip
+
+
+def _per_splat_args(F):
+    return (_raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(F, 4), nt.boolean)
+            + _raster_grads(F))  # fmt: skip
+
+
+def _count_args(F):
+    i64 = nt.int64
+    return (_arr(F, 2), _arr(nt.int32, 2), i64, i64, i64, _arr(nt.int32, 1))
+
+
+def _fill_args(F):
+    i64, i32 = nt.int64, nt.int32
+    return (_arr(F, 2), _arr(i32, 2), _arr(i64, 1), _arr(i32, 1), nt.boolean, i64, i64, i64,
+            i64, i64, _arr(i64, 1), _arr(i64, 1), _arr(i32, 1))  # fmt: skip
+
+
+def _offset_args(F):
+    i64 = nt.int64
+    return (_arr(i64, 1), i64, i64, _arr(nt.int32, 1))
+
+
+def _proj_fwd_args(F):
+    b, i64, f64 = nt.boolean, nt.int64, nt.float64
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 3), b, _arr(F, 2), b, _arr(F, 4),
+            _arr(F, 4), i64, i64, f64, f64, f64, f64, b, i64, _arr(nt.int32, 4), _arr(F, 4),
+            _arr(F, 3), _arr(F, 4), _arr(F, 3))  # fmt: skip
+
+
+def _proj_bwd_args(F):
+    b, i64 = nt.boolean, nt.int64
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 3), b, _arr(F, 4), _arr(F, 4), i64,
+            i64, nt.float64, i64, _arr(nt.int32, 4), _arr(F, 4), _arr(F, 3), _arr(F, 4),
+            _arr(F, 3), b, b, _arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 3),
+            _arr(F, 4))  # fmt: skip
+
+
+def _covar_fwd_args(F):
+    b = nt.boolean
+    return (_arr(F, 2), _arr(F, 2), b, b, b, _arr(F, 2), _arr(F, 2))
+
+
+def _covar_bwd_args(F):
+    b = nt.boolean
+    return (_arr(F, 2), _arr(F, 2), _arr(F, 2), b, _arr(F, 2), b, b, _arr(F, 2), _arr(F, 2))
+
+
+def _sh_fwd_args(F):
+    b = nt.boolean
+    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(b, 1), b, _arr(F, 2))
+
+
+def _sh_bwd_args(F):
+    b = nt.boolean
+    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(b, 1), b, _arr(F, 2), b, _arr(F, 3),
+            _arr(F, 2))  # fmt: skip
+
+
+KERNELS: tuple[KernelSpec, ...] = (
+    KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS), _fwd_args),
+    KernelSpec("rasterize_bwd_per_pixel", lambda ft: make_bwd_per_pixel(ft, TILE, CHANNELS),
+               _per_pixel_args),
+    KernelSpec("rasterize_bwd_per_splat_32",
+               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 32), _per_splat_args),
+    KernelSpec("rasterize_bwd_per_splat_256",
+               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 256), _per_splat_args),
+    KernelSpec("isect_count", make_isect_count, _count_args),
+    KernelSpec("isect_fill", make_isect_fill, _fill_args),
+    KernelSpec("isect_offset_encode", lambda ft: isect_offset_encode_kernel, _offset_args,
+               (np.float32,)),
+    KernelSpec("projection_fwd", make_projection_fwd, _proj_fwd_args),
+    KernelSpec("projection_bwd", make_projection_bwd, _proj_bwd_args),
+    KernelSpec("covar_fwd", make_covar_fwd, _covar_fwd_args),
+    KernelSpec("covar_bwd", make_covar_bwd, _covar_bwd_args),
+    KernelSpec("sh_fwd", make_sh_fwd, _sh_fwd_args),
+    KernelSpec("sh_bwd", make_sh_bwd, _sh_bwd_args),
+)
+
+
+def compile_ptx(spec: KernelSpec, ft: type, cc: tuple[int, int]) -> str:
+    """The PTX of one kernel for float type ``ft`` and compute capability ``cc``."""
+    from numba import cuda
+
+    F = nt.float32 if ft is np.float32 else nt.float64
+    ptx, _ = cuda.compile_ptx(spec.body(ft), spec.args(F), cc=cc)
+    return ptx

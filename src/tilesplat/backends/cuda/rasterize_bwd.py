@@ -1,0 +1,467 @@
+"""Backward rasterization kernels: the ``per_pixel`` and the ``per_splat`` scheme.
+
+``per_pixel`` (as gsplat): one block per tile, one thread per pixel. Batches of the tile's
+splats are loaded into shared memory back to front; each pixel starts at its ``last_id`` and
+recovers the transmittance before each splat by dividing by ``1 - alpha``. Each splat's
+gradient is summed over the warp with shuffles and added with one atomic per component.
+With ``warp_skip`` a warp starts a batch at its largest ``last_id`` and skips a splat that
+none of its lanes needs.
+
+``per_splat`` (brush PR #401): one block per tile with one thread per splat of a batch of
+``splat_batch`` splats. The pixels' state (transmittance, colour still to come) lives in
+shared memory and is replayed front to back: at step ``i`` thread ``j`` handles pixel
+``i - j``, so every pixel sees the splats in order and no two threads touch one pixel. Each
+thread keeps its splat's gradient in registers and adds it once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import torch
+from numba import cuda
+
+from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
+from .runtime import float_type, get_options, optional, stream, view
+
+
+def _constants(ft: type):
+    return (
+        ft(0.0), ft(1.0), ft(0.5), ft(PIXEL_CENTER), ft(ALPHA_CLAMP), ft(ALPHA_SKIP),
+        ft(TRANSMITTANCE_STOP),
+    )  # fmt: skip
+
+
+def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
+    """The Python body of the ``per_pixel`` backward kernel."""
+    block = tile_size * tile_size
+    n_warps = (block + 31) // 32
+    zero, one, half, center, clamp, skip, _ = _constants(ft)
+
+    def rasterize_bwd_per_pixel(
+        means2d, conics, colors, opacities,  # [G, 2], [G, 3], [G, D], [G]
+        backgrounds, has_bg, masks, has_mask,  # [I, D], [I, TH, TW]
+        width, height, offsets, flatten_ids, n_isects,  # [I*TH*TW], [n]
+        render_alphas, last_ids,  # [I, H, W, 1], [I, H, W]
+        v_render_colors, v_render_alphas,  # [I, H, W, D], [I, H, W, 1]
+        warp_skip, exact_t, absgrad,
+        v_means2d, v_conics, v_colors, v_opacities, v_abs,  # outputs, zero-filled
+    ):  # fmt: skip
+        s_id = cuda.shared.array(block, np.int32)
+        s_xyo = cuda.shared.array((block, 3), ft)
+        s_conic = cuda.shared.array((block, 3), ft)
+        s_rgb = cuda.shared.array((block, channels), ft)
+        s_warp_bin = cuda.shared.array(n_warps, np.int32)
+        buf = cuda.local.array(channels, ft)
+        v_out = cuda.local.array(channels, ft)
+        v_rgb = cuda.local.array(channels, ft)
+
+        tile_x = cuda.blockIdx.x
+        tile_y = cuda.blockIdx.y
+        image = cuda.blockIdx.z
+        tw = cuda.gridDim.x
+        th = cuda.gridDim.y
+        if has_mask and not masks[image, tile_y, tile_x]:
+            return  # uniform per block
+        rank = cuda.threadIdx.y * tile_size + cuda.threadIdx.x
+        lane = rank % 32
+        # the last warp of a block of tile_size**2 threads may be partial (tile_size 12: 144)
+        lanes = min(32, block - (rank - lane))
+        mask = np.uint32((np.uint64(1) << np.uint64(lanes)) - np.uint64(1))
+        px = tile_x * tile_size + cuda.threadIdx.x
+        py = tile_y * tile_size + cuda.threadIdx.y
+        inside = px < width and py < height
+        pxc = min(px, width - 1)
+        pyc = min(py, height - 1)
+        fx = ft(px) + center
+        fy = ft(py) + center
+
+        tile = (image * th + tile_y) * tw + tile_x
+        start = offsets[tile]
+        end = n_isects if tile == cuda.gridDim.z * th * tw - 1 else offsets[tile + 1]
+
+        t_final = one - render_alphas[image, pyc, pxc, 0]
+        T = t_final
+        bin_final = last_ids[image, pyc, pxc] if inside else -1
+        bg_dot = zero
+        for k in range(channels):
+            buf[k] = zero
+            v_out[k] = v_render_colors[image, pyc, pxc, k]
+            if has_bg:
+                bg_dot += backgrounds[image, k] * v_out[k]
+        v_alpha_out = v_render_alphas[image, pyc, pxc, 0]
+        # the warp's largest last_id (through shared memory: any warp shape, uniform result)
+        if lane == 0:
+            s_warp_bin[rank // 32] = -1
+        cuda.syncthreads()
+        cuda.atomic.max(s_warp_bin, rank // 32, bin_final)
+        cuda.syncthreads()
+        warp_bin = s_warp_bin[rank // 32]
+
+        n_batches = (end - start + block - 1) // block
+        if exact_t:
+            # 1 - render_alphas loses T_final's precision when T_final is small (6e-8 absolute
+            # is 6e-4 relative at T = 1e-4); replay the forward's product instead
+            T = one
+            for b in range(n_batches):
+                first = start + b * block
+                if cuda.syncthreads_or(np.int32(1 if bin_final >= first else 0)) == 0:
+                    break
+                idx = first + rank
+                if idx < end:
+                    g = flatten_ids[idx]
+                    s_xyo[rank, 0] = means2d[g, 0]
+                    s_xyo[rank, 1] = means2d[g, 1]
+                    s_xyo[rank, 2] = opacities[g]
+                    s_conic[rank, 0] = conics[g, 0]
+                    s_conic[rank, 1] = conics[g, 1]
+                    s_conic[rank, 2] = conics[g, 2]
+                cuda.syncthreads()
+                for t in range(min(block, end - first)):
+                    if first + t > bin_final:
+                        break
+                    dx = s_xyo[t, 0] - fx
+                    dy = s_xyo[t, 1] - fy
+                    sigma = half * (s_conic[t, 0] * dx * dx + s_conic[t, 2] * dy * dy) + (
+                        s_conic[t, 1] * dx * dy
+                    )
+                    if sigma < zero:
+                        continue
+                    alpha = min(clamp, s_xyo[t, 2] * math.exp(-sigma))
+                    if alpha < skip:
+                        continue
+                    T = T * (one - alpha)
+            t_final = T
+        for b in range(n_batches):
+            cuda.syncthreads()
+            batch_end = end - 1 - block * b
+            size = min(block, batch_end + 1 - start)
+            idx = batch_end - rank
+            if idx >= start:
+                g = flatten_ids[idx]
+                s_id[rank] = g
+                s_xyo[rank, 0] = means2d[g, 0]
+                s_xyo[rank, 1] = means2d[g, 1]
+                s_xyo[rank, 2] = opacities[g]
+                s_conic[rank, 0] = conics[g, 0]
+                s_conic[rank, 1] = conics[g, 1]
+                s_conic[rank, 2] = conics[g, 2]
+                for k in range(channels):
+                    s_rgb[rank, k] = colors[g, k]
+            cuda.syncthreads()
+            t0 = max(0, batch_end - warp_bin) if warp_skip else 0
+            for t in range(t0, size):
+                valid = inside and batch_end - t <= bin_final
+                alpha = zero
+                gauss = zero
+                opac = zero
+                dx = zero
+                dy = zero
+                if valid:
+                    opac = s_xyo[t, 2]
+                    dx = s_xyo[t, 0] - fx
+                    dy = s_xyo[t, 1] - fy
+                    sigma = half * (s_conic[t, 0] * dx * dx + s_conic[t, 2] * dy * dy) + (
+                        s_conic[t, 1] * dx * dy
+                    )
+                    gauss = math.exp(-sigma)
+                    alpha = min(clamp, opac * gauss)
+                    if sigma < zero or alpha < skip:
+                        valid = False
+                if warp_skip and not cuda.any_sync(mask, valid):
+                    continue
+                v_x = zero
+                v_y = zero
+                v_ca = zero
+                v_cb = zero
+                v_cc = zero
+                v_op = zero
+                for k in range(channels):
+                    v_rgb[k] = zero
+                if valid:
+                    ra = one / (one - alpha)
+                    T *= ra
+                    fac = alpha * T
+                    v_alpha = zero
+                    for k in range(channels):
+                        v_rgb[k] = fac * v_out[k]
+                        v_alpha += (s_rgb[t, k] * T - buf[k] * ra) * v_out[k]
+                    v_alpha += t_final * ra * (v_alpha_out - bg_dot)
+                    if opac * gauss <= clamp:
+                        v_sigma = -opac * gauss * v_alpha
+                        v_ca = half * v_sigma * dx * dx
+                        v_cb = v_sigma * dx * dy
+                        v_cc = half * v_sigma * dy * dy
+                        v_x = v_sigma * (s_conic[t, 0] * dx + s_conic[t, 1] * dy)
+                        v_y = v_sigma * (s_conic[t, 1] * dx + s_conic[t, 2] * dy)
+                        v_op = gauss * v_alpha
+                    for k in range(channels):
+                        buf[k] += s_rgb[t, k] * fac
+                a_x = abs(v_x)
+                a_y = abs(v_y)
+                off = 16
+                while off > 0:
+                    # a lane whose source is past a partial warp's end adds nothing
+                    ok = lane + off < lanes
+                    for k in range(channels):
+                        o = cuda.shfl_down_sync(mask, v_rgb[k], off)
+                        v_rgb[k] += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_x, off)
+                    v_x += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_y, off)
+                    v_y += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_ca, off)
+                    v_ca += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_cb, off)
+                    v_cb += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_cc, off)
+                    v_cc += o if ok else zero
+                    o = cuda.shfl_down_sync(mask, v_op, off)
+                    v_op += o if ok else zero
+                    if absgrad:
+                        o = cuda.shfl_down_sync(mask, a_x, off)
+                        a_x += o if ok else zero
+                        o = cuda.shfl_down_sync(mask, a_y, off)
+                        a_y += o if ok else zero
+                    off //= 2
+                if lane == 0:
+                    g = s_id[t]
+                    for k in range(channels):
+                        cuda.atomic.add(v_colors, (g, k), v_rgb[k])
+                    cuda.atomic.add(v_means2d, (g, 0), v_x)
+                    cuda.atomic.add(v_means2d, (g, 1), v_y)
+                    cuda.atomic.add(v_conics, (g, 0), v_ca)
+                    cuda.atomic.add(v_conics, (g, 1), v_cb)
+                    cuda.atomic.add(v_conics, (g, 2), v_cc)
+                    cuda.atomic.add(v_opacities, g, v_op)
+                    if absgrad:
+                        cuda.atomic.add(v_abs, (g, 0), a_x)
+                        cuda.atomic.add(v_abs, (g, 1), a_y)
+
+    return rasterize_bwd_per_pixel
+
+
+def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int):
+    """The Python body of the ``per_splat`` backward kernel (``splat_batch`` threads)."""
+    pixels = tile_size * tile_size
+    zero, one, half, center, clamp, skip, stop = _constants(ft)
+
+    def rasterize_bwd_per_splat(
+        means2d, conics, colors, opacities,  # [G, 2], [G, 3], [G, D], [G]
+        backgrounds, has_bg, masks, has_mask,  # [I, D], [I, TH, TW]
+        width, height, offsets, flatten_ids, n_isects,  # [I*TH*TW], [n]
+        render_colors, render_alphas,  # [I, H, W, D], [I, H, W, 1]
+        v_render_colors, v_render_alphas,  # [I, H, W, D], [I, H, W, 1]
+        absgrad,
+        v_means2d, v_conics, v_colors, v_opacities, v_abs,  # outputs, zero-filled
+    ):  # fmt: skip
+        s_T = cuda.shared.array(pixels, ft)  # transmittance; 0 once the pixel stopped
+        s_rest = cuda.shared.array((pixels, channels), ft)  # colour still to come
+        s_vout = cuda.shared.array((pixels, channels), ft)  # d loss / d render colour
+        s_vw = cuda.shared.array(pixels, ft)  # (v_alpha - bg . v_colour) * T_final
+        rgb = cuda.local.array(channels, ft)
+        g_rgb = cuda.local.array(channels, ft)
+
+        tile_x = cuda.blockIdx.x
+        tile_y = cuda.blockIdx.y
+        image = cuda.blockIdx.z
+        tw = cuda.gridDim.x
+        th = cuda.gridDim.y
+        if has_mask and not masks[image, tile_y, tile_x]:
+            return  # uniform per block
+        tid = cuda.threadIdx.x
+        x0 = tile_x * tile_size
+        y0 = tile_y * tile_size
+
+        for p in range(tid, pixels, splat_batch):
+            px = x0 + p % tile_size
+            py = y0 + p // tile_size
+            if px < width and py < height:
+                t_final = one - render_alphas[image, py, px, 0]
+                bg_dot = zero
+                for k in range(channels):
+                    bg = backgrounds[image, k] if has_bg else zero
+                    v = v_render_colors[image, py, px, k]
+                    s_rest[p, k] = render_colors[image, py, px, k] - t_final * bg
+                    s_vout[p, k] = v
+                    bg_dot += bg * v
+                s_vw[p] = (v_render_alphas[image, py, px, 0] - bg_dot) * t_final
+                s_T[p] = one
+            else:
+                s_T[p] = zero
+
+        tile = (image * th + tile_y) * tw + tile_x
+        start = offsets[tile]
+        end = n_isects if tile == cuda.gridDim.z * th * tw - 1 else offsets[tile + 1]
+        n_batches = (end - start + splat_batch - 1) // splat_batch
+        for b in range(n_batches):
+            live = np.int32(0)
+            for p in range(tid, pixels, splat_batch):
+                if s_T[p] > zero:
+                    live = np.int32(1)
+            if cuda.syncthreads_or(live) == 0:
+                break  # every pixel of the tile has stopped
+            idx = start + b * splat_batch + tid
+            active = idx < end
+            g = 0
+            mx = zero
+            my = zero
+            opac = zero
+            ca = zero
+            cb = zero
+            cc = zero
+            if active:
+                g = flatten_ids[idx]
+                mx = means2d[g, 0]
+                my = means2d[g, 1]
+                opac = opacities[g]
+                ca = conics[g, 0]
+                cb = conics[g, 1]
+                cc = conics[g, 2]
+            for k in range(channels):
+                rgb[k] = colors[g, k] if active else zero
+                g_rgb[k] = zero
+            v_x = zero
+            v_y = zero
+            v_ca = zero
+            v_cb = zero
+            v_cc = zero
+            v_op = zero
+            a_x = zero
+            a_y = zero
+            count = min(splat_batch, end - start - b * splat_batch)
+            for i in range(count + pixels - 1):
+                p = i - tid
+                if active and p >= 0 and p < pixels:
+                    T = s_T[p]
+                    if T > zero:
+                        dx = mx - (ft(x0 + p % tile_size) + center)
+                        dy = my - (ft(y0 + p // tile_size) + center)
+                        sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
+                        if sigma >= zero:
+                            gauss = math.exp(-sigma)
+                            alpha = min(clamp, opac * gauss)
+                            if alpha >= skip:
+                                t_next = T * (one - alpha)
+                                if t_next <= stop:
+                                    s_T[p] = zero
+                                else:
+                                    w = alpha * T
+                                    v_alpha = zero
+                                    for k in range(channels):
+                                        v = s_vout[p, k]
+                                        rest = s_rest[p, k]
+                                        g_rgb[k] += w * v
+                                        v_alpha += (T * rgb[k] - rest) * v
+                                        s_rest[p, k] = rest - w * rgb[k]
+                                    v_alpha = (v_alpha + s_vw[p]) / (one - alpha)
+                                    if opac * gauss <= clamp:
+                                        v_sigma = -opac * gauss * v_alpha
+                                        v_ca += half * v_sigma * dx * dx
+                                        v_cb += v_sigma * dx * dy
+                                        v_cc += half * v_sigma * dy * dy
+                                        gx = v_sigma * (ca * dx + cb * dy)
+                                        gy = v_sigma * (cb * dx + cc * dy)
+                                        v_x += gx
+                                        v_y += gy
+                                        a_x += abs(gx)
+                                        a_y += abs(gy)
+                                        v_op += gauss * v_alpha
+                                    s_T[p] = t_next
+                cuda.syncthreads()
+            if active:
+                for k in range(channels):
+                    cuda.atomic.add(v_colors, (g, k), g_rgb[k])
+                cuda.atomic.add(v_means2d, (g, 0), v_x)
+                cuda.atomic.add(v_means2d, (g, 1), v_y)
+                cuda.atomic.add(v_conics, (g, 0), v_ca)
+                cuda.atomic.add(v_conics, (g, 1), v_cb)
+                cuda.atomic.add(v_conics, (g, 2), v_cc)
+                cuda.atomic.add(v_opacities, g, v_op)
+                if absgrad:
+                    cuda.atomic.add(v_abs, (g, 0), a_x)
+                    cuda.atomic.add(v_abs, (g, 1), a_y)
+
+    return rasterize_bwd_per_splat
+
+
+@cache
+def per_pixel_kernel(ft: type, tile_size: int, channels: int):
+    return cuda.jit(make_bwd_per_pixel(ft, tile_size, channels))
+
+
+@cache
+def per_splat_kernel(ft: type, tile_size: int, channels: int, splat_batch: int):
+    return cuda.jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch))
+
+
+def rasterize_to_pixels_bwd(
+    means2d: torch.Tensor,  # [G, 2]
+    conics: torch.Tensor,  # [G, 3]
+    colors: torch.Tensor,  # [G, D]
+    opacities: torch.Tensor,  # [G]
+    backgrounds: torch.Tensor | None,  # [I, D]
+    masks: torch.Tensor | None,  # [I, TH, TW] bool
+    width: int,
+    height: int,
+    tile_size: int,
+    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
+    flatten_ids: torch.Tensor,  # [n] int32
+    render_colors: torch.Tensor,  # [I, H, W, D]
+    render_alphas: torch.Tensor,  # [I, H, W, 1]
+    last_ids: torch.Tensor,  # [I, H, W] int32
+    v_render_colors: torch.Tensor,  # [I, H, W, D]
+    v_render_alphas: torch.Tensor,  # [I, H, W, 1]
+    absgrad: bool,
+    scheme: str,
+) -> tuple:
+    """Launcher: returns (v_means2d [G,2], v_conics [G,3], v_colors [G,D], v_opacities [G],
+    v_backgrounds [I,D] | None, absgrad_means2d [G,2] | None)."""
+    n_images, th, tw = isect_offsets.shape
+    channels = colors.shape[-1]
+    v_means2d = torch.zeros_like(means2d)
+    v_conics = torch.zeros_like(conics)
+    v_colors = torch.zeros_like(colors)
+    v_opacities = torch.zeros_like(opacities)
+    v_abs = torch.zeros_like(means2d) if absgrad else None
+    v_backgrounds = None
+    if backgrounds is not None:
+        # render = ... + T_final * background for every pixel, a masked tile included
+        v_backgrounds = (v_render_colors * (1.0 - render_alphas)).sum(dim=(1, 2))
+    n = flatten_ids.shape[0]
+    if n == 0 or n_images == 0 or width == 0 or height == 0:
+        return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs
+    v_render_colors = v_render_colors.contiguous()
+    v_render_alphas = v_render_alphas.contiguous()
+    ft = float_type(means2d.dtype)
+    options = get_options()
+    common = (
+        view(means2d), view(conics), view(colors), view(opacities),
+        optional(backgrounds, means2d, 2), backgrounds is not None,
+        optional(masks, means2d, 3, torch.bool), masks is not None,
+        width, height, view(isect_offsets.reshape(-1)), view(flatten_ids), n,
+    )  # fmt: skip
+    outputs = (
+        view(v_means2d), view(v_conics), view(v_colors), view(v_opacities),
+        optional(v_abs, means2d, 2),
+    )  # fmt: skip
+    grid = (tw, th, n_images)
+    if scheme == "per_pixel":
+        kernel = per_pixel_kernel(ft, tile_size, channels)
+        kernel[grid, (tile_size, tile_size), stream(means2d.device)](
+            *common, view(render_alphas), view(last_ids), view(v_render_colors),
+            view(v_render_alphas), options["warp_skip"], options["exact_transmittance"], absgrad,
+            *outputs,
+        )  # fmt: skip
+    elif scheme == "per_splat":
+        batch = options["splat_batch"]
+        kernel = per_splat_kernel(ft, tile_size, channels, batch)
+        kernel[grid, batch, stream(means2d.device)](
+            *common, view(render_colors), view(render_alphas), view(v_render_colors),
+            view(v_render_alphas), absgrad, *outputs,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
+    return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

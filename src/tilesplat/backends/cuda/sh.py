@@ -1,0 +1,127 @@
+"""``spherical_harmonics`` kernels: one thread per row, degrees 0–4, from ``scalar_math``."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+from numba import cuda
+
+from .device_math import device_math
+from .runtime import cdiv, empty, float_type, optional, stream, view
+
+THREADS = 256
+BASIS = 25  # (SH_MAX_DEGREE + 1) ** 2
+
+
+def make_sh_fwd(ft: type):
+    """Kernel body: colors[m] = sum_k basis_k(dirs[m] / |dirs[m]|) coeffs[m, k]."""
+    sh_basis = device_math().sh_basis
+    zero = ft(0.0)
+    one = ft(1.0)
+    tiny = ft(1e-12)
+
+    def sh_fwd(degree, dirs, coeffs, masks, has_mask, colors):
+        # dirs [M, 3], coeffs [M, K, 3], masks [M] bool -> colors [M, 3]
+        m = cuda.grid(1)
+        if m >= dirs.shape[0]:
+            return
+        for c in range(3):
+            colors[m, c] = zero
+        if has_mask and not masks[m]:
+            return
+        x, y, z = dirs[m, 0], dirs[m, 1], dirs[m, 2]
+        inv = one / max(math.sqrt(x * x + y * y + z * z), tiny)
+        basis = sh_basis(degree, x * inv, y * inv, z * inv)
+        for k in range((degree + 1) * (degree + 1)):
+            for c in range(3):
+                colors[m, c] += basis[k] * coeffs[m, k, c]
+
+    return sh_fwd
+
+
+def make_sh_bwd(ft: type):
+    """Kernel body: v_coeffs [M, K, 3] and (optionally) v_dirs [M, 3]."""
+    sm = device_math()
+    sh_basis = sm.sh_basis
+    sh_basis_vjp = sm.sh_basis_vjp
+    normalize3_vjp = sm.normalize3_vjp
+    zero = ft(0.0)
+    one = ft(1.0)
+    tiny = ft(1e-12)
+
+    def sh_bwd(degree, dirs, coeffs, masks, has_mask, v_colors, need_v_dirs, v_coeffs, v_dirs):
+        m = cuda.grid(1)
+        if m >= dirs.shape[0]:
+            return
+        if has_mask and not masks[m]:
+            return
+        x, y, z = dirs[m, 0], dirs[m, 1], dirs[m, 2]
+        inv = one / max(math.sqrt(x * x + y * y + z * z), tiny)
+        ux, uy, uz = x * inv, y * inv, z * inv
+        basis = sh_basis(degree, ux, uy, uz)
+        n = (degree + 1) * (degree + 1)
+        g = cuda.local.array(BASIS, ft)
+        for k in range(BASIS):
+            g[k] = zero
+        for k in range(n):
+            for c in range(3):
+                v_coeffs[m, k, c] = basis[k] * v_colors[m, c]
+                g[k] += coeffs[m, k, c] * v_colors[m, c]
+        if need_v_dirs:
+            gx, gy, gz = sh_basis_vjp(degree, ux, uy, uz, g)
+            vx, vy, vz = normalize3_vjp(x, y, z, gx, gy, gz)
+            v_dirs[m, 0] = vx
+            v_dirs[m, 1] = vy
+            v_dirs[m, 2] = vz
+
+    return sh_bwd
+
+
+@cache
+def _fwd_kernel(ft: type):
+    return cuda.jit(make_sh_fwd(ft))
+
+
+@cache
+def _bwd_kernel(ft: type):
+    return cuda.jit(make_sh_bwd(ft))
+
+
+def sh_forward(
+    degree: int,
+    dirs: torch.Tensor,  # [M, 3]
+    coeffs: torch.Tensor,  # [M, K, 3]
+    masks: torch.Tensor | None,  # [M] bool
+) -> torch.Tensor:
+    """Launcher: colors [M, 3] (masked-out rows are 0)."""
+    M = dirs.shape[0]
+    colors = empty((M, 3), dirs.dtype, dirs.device)
+    if M > 0:
+        _fwd_kernel(float_type(dirs.dtype))[cdiv(M, THREADS), THREADS, stream(dirs.device)](
+            int(degree), view(dirs), view(coeffs), optional(masks, dirs, 1, torch.bool),
+            masks is not None, view(colors),
+        )  # fmt: skip
+    return colors
+
+
+def sh_backward(
+    degree: int,
+    dirs: torch.Tensor,  # [M, 3]
+    coeffs: torch.Tensor,  # [M, K, 3]
+    masks: torch.Tensor | None,  # [M] bool
+    v_colors: torch.Tensor,  # [M, 3]
+    need_v_dirs: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Launcher: (v_dirs [M, 3] | None, v_coeffs [M, K, 3])."""
+    M = dirs.shape[0]
+    v_coeffs = torch.zeros_like(coeffs)
+    v_dirs = torch.zeros_like(dirs) if need_v_dirs else None
+    if M > 0:
+        _bwd_kernel(float_type(dirs.dtype))[cdiv(M, THREADS), THREADS, stream(dirs.device)](
+            int(degree), view(dirs), view(coeffs), optional(masks, dirs, 1, torch.bool),
+            masks is not None, view(v_colors.contiguous()), bool(need_v_dirs), view(v_coeffs),
+            optional(v_dirs, dirs, 2),
+        )  # fmt: skip
+    return v_dirs, v_coeffs
