@@ -1,0 +1,103 @@
+"""Checkpoints: atomic writes, safe loads, and the run folder's checkpoint list.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so that it loads
+with ``torch.load(weights_only=True)`` (no pickled code runs). It holds everything the next
+step depends on: the Gaussians, the Adam states, the densification state, the RNG state, the
+step, and the training log, so that ``--resume`` continues bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync and rename.
+
+    A reader sees the old file or the new one, never a partial one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Serialise ``state`` with ``torch.save`` and write it atomically to ``path``."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`, with ``weights_only=True``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not a readable checkpoint (truncated, corrupt, foreign).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+        raise ValueError(
+            f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not isinstance(state, dict) or "step" not in state or "params" not in state:
+        raise ValueError(f"{path}: not a tilesplat training checkpoint")
+    return state
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint after ``step`` completed steps lives."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:07d}.pt"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoints, oldest first."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest checkpoint of a run folder.
+
+    Raises:
+        FileNotFoundError: the folder does not exist or holds no checkpoint.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run folder not found: {run_dir}")
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise FileNotFoundError(f"no checkpoint in {run_dir / CHECKPOINT_DIR}")
+    return found[-1]
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints."""
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)

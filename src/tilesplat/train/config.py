@@ -1,0 +1,399 @@
+"""The training configuration: one dataclass for TOML files, ``--set`` flags and saved runs.
+
+Every field has a default and a help string (``field.metadata["help"]``). A TOML file holds
+``key = value`` lines at the top level (the file a run saves is one, with the help strings as
+comments). Unknown keys are rejected with the closest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+STRATEGIES = ("default", "mcmc")
+BACKENDS = ("auto", "torch", "cpu", "cuda")
+BACKWARD_SCHEMES = ("per_pixel", "per_splat")
+INITS = ("auto", "points", "random")
+
+
+def _f(default: Any, help: str, group: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides a training run. See ``docs/training.md`` for the recipe."""
+
+    # --- data ---
+    data: str = _f(
+        "",
+        "dataset folder (Blender / NeRF-synthetic or COLMAP layout); empty: the built-in "
+        "synthetic scene, generated once into the cache folder",
+        "data",
+    )
+    downscale: int = _f(1, "integer factor dividing the image size", "data")
+    white_background: bool = _f(
+        True, "composite RGBA images on white (else black); Blender layout only", "data"
+    )
+    test_every: int = _f(
+        8, "every n-th image is a test image (COLMAP, or Blender without a test split)", "data"
+    )
+    synthetic_size: int = _f(200, "built-in scene: image width and height in pixels", "data")
+    synthetic_train: int = _f(100, "built-in scene: number of training views", "data")
+    synthetic_test: int = _f(20, "built-in scene: number of test views", "data")
+    cache_dir: str = _f(
+        "",
+        "folder for generated data; empty: $XDG_CACHE_HOME/tilesplat or ~/.cache/tilesplat",
+        "data",
+    )
+
+    # --- run ---
+    run_dir: str = _f(
+        "", "output folder of the run; empty: runs/<scene name> (numbered when it exists)", "run"
+    )
+    seed: int = _f(0, "seed of every random choice (initialisation, camera order, noise)", "run")
+    steps: int = _f(3000, "number of optimisation steps", "run")
+    batch_size: int = _f(
+        1, "cameras per step; learning rates scale by sqrt(batch_size) as in gsplat", "run"
+    )
+    checkpoint_every: int = _f(1000, "write a checkpoint every n steps (0: only at the end)", "run")
+    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (>= 1)", "run")
+    log_every: int = _f(25, "record loss, PSNR and Gaussian count every n steps", "run")
+    eval_every: int = _f(
+        0, "measure the test PSNR every n steps during training (0: only at the end)", "run"
+    )
+    save_renders: bool = _f(True, "write the test-view renders as PNG at the end", "run")
+    save_ply: bool = _f(True, "write point_cloud.ply (3DGS layout) at the end", "run")
+    progress: bool = _f(True, "show a progress line (steps/s, loss, PSNR, Gaussians)", "run")
+    lpips: bool = _f(True, "also report LPIPS when the lpips package is importable", "run")
+
+    # --- model and initialisation ---
+    sh_degree: int = _f(3, "highest spherical-harmonics degree of the colours (0-4)", "model")
+    sh_degree_interval: int = _f(1000, "raise the SH degree in use every n steps", "model")
+    init: str = _f(
+        "auto",
+        "initial Gaussians: points (the dataset's point cloud), random (uniform in the scene "
+        "box) or auto (points when the dataset has them)",
+        "model",
+        INITS,
+    )
+    init_points: int = _f(10_000, "number of random initial Gaussians", "model")
+    init_extent: float = _f(
+        1.0,
+        "half-size of the random-initialisation box, in units of the half-width the cameras "
+        "see at the scene centre",
+        "model",
+    )
+    init_opacity: float = _f(0.1, "initial opacity of every Gaussian, in (0, 1)", "model")
+    init_scale: float = _f(
+        1.0, "factor on the initial size (mean distance to the 3 nearest neighbours)", "model"
+    )
+
+    # --- optimisation ---
+    means_lr: float = _f(1.6e-4, "Adam learning rate of the means, times the scene scale", "optim")
+    means_lr_final: float = _f(
+        0.01, "factor the means' rate decays to by the last step (exponentially)", "optim"
+    )
+    scales_lr: float = _f(5e-3, "Adam learning rate of the log-scales", "optim")
+    quats_lr: float = _f(1e-3, "Adam learning rate of the quaternions", "optim")
+    opacities_lr: float = _f(5e-2, "Adam learning rate of the opacity logits", "optim")
+    sh0_lr: float = _f(2.5e-3, "Adam learning rate of the SH degree-0 coefficients", "optim")
+    shN_lr: float = _f(2.5e-3 / 20, "Adam learning rate of the higher SH coefficients", "optim")
+    ssim_lambda: float = _f(0.2, "loss = (1 - l) * L1 + l * (1 - SSIM)", "optim")
+    opacity_reg: float = _f(0.0, "weight of mean(opacity) in the loss (mcmc uses 0.01)", "optim")
+    scale_reg: float = _f(0.0, "weight of mean(scale) in the loss (mcmc uses 0.01)", "optim")
+    random_background: bool = _f(
+        False,
+        "render on a random background each step (the target is recomposited when the "
+        "images have alpha) to discourage transparency",
+        "optim",
+    )
+
+    # --- densification ---
+    strategy: str = _f(
+        "default",
+        "densification: default (3DGS clone/split/prune/reset) or mcmc (3DGS-MCMC relocation)",
+        "strategy",
+        STRATEGIES,
+    )
+    refine_start: int = _f(500, "first step that densifies", "strategy")
+    refine_stop: int = _f(1500, "no densification from this step on", "strategy")
+    refine_every: int = _f(100, "densify every n steps", "strategy")
+    reset_every: int = _f(
+        3000, "default: reset opacities to 2 x prune_opacity every n steps", "strategy"
+    )
+    pause_refine_after_reset: int = _f(
+        0, "default: skip densification for n steps after an opacity reset", "strategy"
+    )
+    grow_grad2d: float = _f(
+        2e-4,
+        "default: clone/split Gaussians whose mean view-space gradient exceeds this "
+        "(about 8e-4 with absgrad)",
+        "strategy",
+    )
+    grow_scale3d: float = _f(
+        0.01, "default: clone below, split above this size (x scene scale)", "strategy"
+    )
+    absgrad: bool = _f(
+        False, "default: grow by the absolute view-space gradient (AbsGS)", "strategy"
+    )
+    prune_opacity: float = _f(
+        0.005, "prune (default) or relocate (mcmc) below this opacity", "strategy"
+    )
+    prune_scale3d: float = _f(
+        0.1, "default: prune Gaussians larger than this (x scene scale) after a reset", "strategy"
+    )
+    cap_max: int = _f(100_000, "mcmc: the most Gaussians it grows to", "strategy")
+    noise_lr: float = _f(5e5, "mcmc: position noise, times the means' learning rate", "strategy")
+
+    # --- rendering ---
+    backend: str = _f("auto", "rasterization backend: auto, torch, cpu or cuda", "render", BACKENDS)
+    backward_scheme: str = _f(
+        "per_pixel", "rasterizer backward: per_pixel or per_splat", "render", BACKWARD_SCHEMES
+    )
+    packed: bool = _f(False, "packed rasterization (less memory for sparse views)", "render")
+    antialiased: bool = _f(
+        False, "antialiased rasterize mode (Mip-Splatting's 2D filter)", "render"
+    )
+    near_plane: float = _f(0.01, "Gaussians nearer than this depth are culled", "render")
+    far_plane: float = _f(1e10, "Gaussians farther than this depth are culled", "render")
+
+    def validate(self) -> TrainConfig:
+        """Checks types, choices and ranges; returns self.
+
+        Raises:
+            ValueError: listing every problem found.
+        """
+        errors = []
+        hints = _field_types()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            want = hints[f.name]
+            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            if not ok:
+                errors.append(f"{f.name} must be {want.__name__}, got {value!r}")
+            elif f.metadata["choices"] and value not in f.metadata["choices"]:
+                errors.append(
+                    f"{f.name} must be one of {list(f.metadata['choices'])}, got {value!r}"
+                )
+            elif want is float and not math.isfinite(value) and f.name != "far_plane":
+                errors.append(f"{f.name} must be finite, got {value!r}")
+        if errors:
+            raise ValueError("invalid config: " + "; ".join(errors))
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                errors.append(msg)
+
+        for name in (
+            "steps",
+            "batch_size",
+            "downscale",
+            "synthetic_size",
+            "synthetic_train",
+            "keep_checkpoints",
+            "log_every",
+            "refine_every",
+            "reset_every",
+            "sh_degree_interval",
+            "init_points",
+            "cap_max",
+        ):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "test_every",
+            "synthetic_test",
+            "checkpoint_every",
+            "eval_every",
+            "refine_start",
+            "refine_stop",
+            "pause_refine_after_reset",
+        ):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in (
+            "means_lr",
+            "scales_lr",
+            "quats_lr",
+            "opacities_lr",
+            "sh0_lr",
+            "shN_lr",
+            "opacity_reg",
+            "scale_reg",
+            "grow_grad2d",
+            "grow_scale3d",
+            "prune_opacity",
+            "prune_scale3d",
+            "noise_lr",
+            "near_plane",
+        ):
+            need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(0 <= self.sh_degree <= 4, f"sh_degree must be in 0..4, got {self.sh_degree}")
+        need(
+            0.0 < self.init_opacity < 1.0,
+            f"init_opacity must be in (0, 1), got {self.init_opacity}",
+        )
+        need(self.init_extent > 0.0, f"init_extent must be > 0, got {self.init_extent}")
+        need(self.init_scale > 0.0, f"init_scale must be > 0, got {self.init_scale}")
+        need(
+            0.0 < self.means_lr_final <= 1.0,
+            f"means_lr_final must be in (0, 1], got {self.means_lr_final}",
+        )
+        need(
+            0.0 <= self.ssim_lambda <= 1.0, f"ssim_lambda must be in [0, 1], got {self.ssim_lambda}"
+        )
+        need(
+            self.far_plane > self.near_plane,
+            f"far_plane ({self.far_plane}) must exceed near_plane ({self.near_plane})",
+        )
+        need(self.prune_opacity < 0.5, f"prune_opacity must be < 0.5, got {self.prune_opacity}")
+        if errors:
+            raise ValueError("invalid config: " + "; ".join(errors))
+        return self
+
+
+def _field_types() -> dict[str, type]:
+    return get_type_hints(TrainConfig)
+
+
+def field_names() -> list[str]:
+    """The names of all config fields, in declaration order."""
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def _unknown_key(key: str) -> ValueError:
+    close = difflib.get_close_matches(key, field_names(), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown config key {key!r}{hint}")
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """A TOML value checked against the field's type (ints are accepted for floats)."""
+    want = _field_types()[key]
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, want) and not (want is int and isinstance(value, bool)):
+        return value
+    raise ValueError(f"{where}: {key} must be {want.__name__}, got {value!r}")
+
+
+def config_from_dict(
+    values: dict[str, Any], base: TrainConfig | None = None, where: str = "config"
+) -> TrainConfig:
+    """A validated config: ``base`` (default: the defaults) updated by ``values``.
+
+    Raises:
+        ValueError: an unknown key (with the closest valid name), a wrong type or range.
+    """
+    updates = {}
+    for key, value in values.items():
+        if key not in _field_types():
+            if isinstance(value, dict):
+                raise ValueError(
+                    f"{where}: tables are not used; write the keys of [{key}] at the top level"
+                )
+            err = _unknown_key(key)
+            raise ValueError(f"{where}: {err}") from None
+        updates[key] = _coerce(key, value, where)
+    return dataclasses.replace(base or TrainConfig(), **updates).validate()
+
+
+def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
+    """Read a TOML config file over ``base`` (default: the defaults) and validate it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not valid TOML, or an invalid key or value (the message names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a valid TOML file ({exc})") from exc
+    return config_from_dict(values, base, where=str(path))
+
+
+def _parse_flag_value(key: str, text: str) -> Any:
+    want = _field_types()[key]
+    if want is bool:
+        low = text.strip().lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"--set {key}: expected true or false, got {text!r}")
+    if want is str:
+        return text
+    try:
+        return want(text) if want is float else int(text.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"--set {key}: expected {want.__name__}, got {text!r}") from None
+
+
+def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """``cfg`` with ``key=value`` overrides (as given to ``--set``) applied and validated."""
+    values = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        if key not in _field_types():
+            raise _unknown_key(key)
+        values[key] = _parse_flag_value(key, text)
+    return config_from_dict(values, cfg, where="--set")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    return str(value)
+
+
+def config_to_toml(cfg: TrainConfig) -> str:
+    """The config as a TOML document, every key preceded by its help string."""
+    lines = ["# tilesplat training config: tilesplat train --config THIS_FILE", ""]
+    group = None
+    for f in dataclasses.fields(cfg):
+        if f.metadata["group"] != group:
+            group = f.metadata["group"]
+            lines += ([""] if len(lines) > 2 else []) + [f"# === {group} ==="]
+        lines.append(f"# {f.metadata['help']}")
+        lines.append(f"{f.name} = {_toml_value(getattr(cfg, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> Path:
+    """Write ``cfg`` as TOML to ``path`` (atomically)."""
+    from .checkpoint import atomic_write_bytes
+
+    return atomic_write_bytes(Path(path), config_to_toml(cfg).encode("utf-8"))
+
+
+def describe_fields() -> str:
+    """One line per field: name, type, default and help (for ``--help`` texts and docs)."""
+    out = []
+    for f in dataclasses.fields(TrainConfig):
+        t = _field_types()[f.name].__name__
+        out.append(f"  {f.name} ({t}, default {_toml_value(f.default)}): {f.metadata['help']}")
+    return "\n".join(out)

@@ -1,0 +1,224 @@
+"""Run folders: start, resume, evaluate, render and export a training run (what the CLI calls).
+
+Layout of ``runs/<name>/``::
+
+    config.toml           the full config (tilesplat train --config accepts it)
+    checkpoints/          step_NNNNNNN.pt, the newest ``keep_checkpoints``
+    history.json          loss, PSNR, Gaussian count and seconds per logged step
+    metrics.json          test PSNR / SSIM (/ LPIPS), per view, Gaussian count, train time
+    renders/test/*.png    the test views rendered by the model
+    curve.png             loss, PSNR and Gaussian count against the step
+    point_cloud.ply       the model in the original 3DGS PLY layout
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data.dataset import SceneDataset, load_dataset
+from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints, load_checkpoint
+from .config import TrainConfig, apply_overrides, save_config
+from .evaluate import evaluate
+from .metrics import make_lpips
+from .plots import save_curve
+from .trainer import Trainer, checkpoint_config
+
+Log = Callable[[str], None]
+
+
+def cache_root(cfg: TrainConfig) -> Path:
+    """Where generated data goes: ``cache_dir``, else $XDG_CACHE_HOME/tilesplat or ~/.cache."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tilesplat"
+
+
+def resolve_data(cfg: TrainConfig, log: Log = print) -> Path:
+    """The dataset folder: ``data``, or the built-in scene written once into the cache."""
+    if cfg.data:
+        return Path(cfg.data).expanduser()
+    from ..data.synthetic import write_synthetic_dataset
+
+    folder = cache_root(cfg) / (
+        f"synthetic-{cfg.synthetic_size}px-{cfg.synthetic_train}-{cfg.synthetic_test}"
+    )
+    marker = folder / "tilesplat_synthetic.json"
+    if not marker.is_file():
+        log(f"writing the built-in scene to {folder} (once)")
+    return write_synthetic_dataset(
+        folder,
+        n_train=cfg.synthetic_train,
+        n_test=cfg.synthetic_test,
+        size=cfg.synthetic_size,
+        seed=0,
+    )
+
+
+def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
+    """The dataset the config names, loaded."""
+    return load_dataset(
+        resolve_data(cfg, log),
+        downscale=cfg.downscale,
+        white_background=cfg.white_background,
+        test_every=cfg.test_every,
+    )
+
+
+def scene_name(cfg: TrainConfig) -> str:
+    """``synthetic`` for the built-in scene, else the dataset folder's name."""
+    return Path(cfg.data).expanduser().resolve().name if cfg.data else "synthetic"
+
+
+def new_run_dir(cfg: TrainConfig) -> Path:
+    """``run_dir`` if given (refused when it holds a run), else a fresh ``runs/<scene>[-k]``."""
+    if cfg.run_dir:
+        path = Path(cfg.run_dir)
+        if list_checkpoints(path):
+            raise ValueError(
+                f"{path} already holds a run: continue it with --resume {path} "
+                "or choose another run_dir"
+            )
+        return path
+    base = Path("runs") / scene_name(cfg)
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
+def write_outputs(
+    run_dir: Path,
+    cfg: TrainConfig,
+    dataset: SceneDataset,
+    params: dict[str, Tensor],
+    history: dict[str, list[float]] | None,
+    step: int,
+    train_seconds: float | None,
+) -> dict[str, Any]:
+    """Evaluate on the test views and write metrics.json, renders, curve.png, the PLY."""
+    split = "test" if dataset.test else "train"
+    frames = dataset.test or dataset.train
+    lpips_fn = make_lpips() if cfg.lpips else None
+    out_dir = run_dir / "renders" / split if cfg.save_renders else None
+    result = evaluate(params, frames, cfg, dataset.background, out_dir=out_dir, lpips_fn=lpips_fn)
+    metrics = {
+        "step": step,
+        "split": split,
+        **{k: result[k] for k in ("psnr", "ssim", "lpips") if k in result},
+        "n_views": result["n_views"],
+        "n_gaussians": len(params["means"]),
+        "train_seconds": train_seconds,
+        "render_seconds_per_view": result["seconds_per_view"],
+        "views": result["views"],
+    }
+    atomic_write_bytes(run_dir / "metrics.json", json.dumps(metrics, indent=1).encode("utf-8"))
+    if history is not None:
+        save_curve(history, run_dir / "curve.png")
+    if cfg.save_ply:
+        export_ply(params, run_dir / "point_cloud.ply")
+    return metrics
+
+
+def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
+    """Write the model as a 3DGS PLY file."""
+    from ..io.ply import save_ply
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        save_ply(
+            path,
+            params["means"],
+            params["quats"],
+            params["scales"],
+            params["opacities"],
+            torch.cat([params["sh0"], params["shN"]], dim=1),
+        )
+    return path
+
+
+def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]:
+    """Train a new run from ``cfg``; returns (run folder, metrics)."""
+    cfg.validate()
+    run_dir = new_run_dir(cfg)
+    dataset = load_scene(cfg, log)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.toml")
+    log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
+    trainer = Trainer(cfg, dataset, run_dir, log=log)
+    log(f"{len(trainer.params['means'])} initial Gaussians, {cfg.steps} steps")
+    trainer.train()
+    metrics = write_outputs(
+        run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
+    )
+    return run_dir, metrics
+
+
+def resume_run(
+    run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
+) -> tuple[Path, dict[str, Any]]:
+    """Continue a run from its newest checkpoint; returns (run folder, metrics).
+
+    ``overrides`` (``key=value`` strings, e.g. a larger ``steps``) change the config stored in
+    the checkpoint; the run then differs from an uninterrupted one with the new config.
+    """
+    run_dir = Path(run_dir)
+    path = latest_checkpoint(run_dir)
+    ckpt = load_checkpoint(path)
+    cfg = checkpoint_config(ckpt)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+        save_config(cfg, run_dir / "config.toml")
+    dataset = load_scene(cfg, log)
+    trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
+    log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
+    trainer.train()
+    metrics = write_outputs(
+        run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
+    )
+    return run_dir, metrics
+
+
+def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
+    """(config, parameters, checkpoint) of a run's newest checkpoint."""
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    params = {k: v.float() for k, v in ckpt["params"].items()}
+    return checkpoint_config(ckpt), params, ckpt
+
+
+def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
+    """Re-evaluate a run's newest checkpoint: metrics.json and the test renders."""
+    run_dir = Path(run_dir)
+    cfg, params, ckpt = load_run(run_dir)
+    dataset = load_scene(cfg, log)
+    return write_outputs(
+        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed")
+    )
+
+
+def render_run(
+    run_dir: str | Path, split: str = "test", out_dir: str | Path | None = None, log: Log = print
+) -> Path:
+    """Render a split (``test``, ``train`` or ``all``) of a run's dataset to PNGs."""
+    if split not in ("test", "train", "all"):
+        raise ValueError(f"split must be test, train or all, got {split!r}")
+    run_dir = Path(run_dir)
+    cfg, params, _ = load_run(run_dir)
+    dataset = load_scene(cfg, log)
+    frames = {"test": dataset.test, "train": dataset.train, "all": dataset.train + dataset.test}[
+        split
+    ]
+    if not frames:
+        raise ValueError(f"the dataset has no {split} views")
+    folder = Path(out_dir) if out_dir is not None else run_dir / "renders" / split
+    evaluate(params, frames, cfg, dataset.background, out_dir=folder)
+    return folder

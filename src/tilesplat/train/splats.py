@@ -1,0 +1,110 @@
+"""The trained model: its parameters, their optimisers, and how it is rendered.
+
+``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4],
+``opacities`` [N] (logits), ``sh0`` [N, 1, 3] and ``shN`` [N, K - 1, 3] to
+``torch.nn.Parameter``; each has its own Adam (one param group), as in gsplat's simple
+trainer, so that densification can edit one array and its moments together.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..rendering import rasterization
+from .config import TrainConfig
+
+PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
+Params = dict[str, torch.nn.Parameter]
+Optimizers = dict[str, torch.optim.Optimizer]
+
+
+def base_learning_rates(cfg: TrainConfig, scene_scale: float) -> dict[str, float]:
+    """Per-parameter Adam rates at step 0 (the means' rate is relative to the scene size)."""
+    return {
+        "means": cfg.means_lr * scene_scale,
+        "scales": cfg.scales_lr,
+        "quats": cfg.quats_lr,
+        "opacities": cfg.opacities_lr,
+        "sh0": cfg.sh0_lr,
+        "shN": cfg.shN_lr,
+    }
+
+
+def means_lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Exponential decay of the means' rate: 1 at step 0, ``means_lr_final`` at ``steps``."""
+    return cfg.means_lr_final ** (step / cfg.steps)
+
+
+def make_params(tensors: dict[str, Tensor]) -> Params:
+    """Trainable Parameters from plain tensors (copied, float32)."""
+    missing = [k for k in PARAM_NAMES if k not in tensors]
+    if missing:
+        raise ValueError(f"model parameters missing: {missing}")
+    return {k: torch.nn.Parameter(tensors[k].detach().float().clone()) for k in PARAM_NAMES}
+
+
+def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Optimizers:
+    """One Adam per parameter; rates and betas scaled for the batch size as gsplat does."""
+    bs = cfg.batch_size
+    lrs = base_learning_rates(cfg, scene_scale)
+    return {
+        name: torch.optim.Adam(
+            [{"params": [params[name]], "lr": lrs[name] * math.sqrt(bs), "name": name}],
+            eps=1e-15 / math.sqrt(bs),
+            betas=(max(0.0, 1.0 - bs * 0.1), max(0.0, 1.0 - bs * 0.001)),
+        )
+        for name in PARAM_NAMES
+    }
+
+
+def set_learning_rates(
+    optimizers: Optimizers, cfg: TrainConfig, scene_scale: float, step: int
+) -> float:
+    """Set the rates for ``step`` (only the means' decays); returns the means' rate."""
+    lr = base_learning_rates(cfg, scene_scale)["means"] * means_lr_factor(cfg, step)
+    lr *= math.sqrt(cfg.batch_size)
+    optimizers["means"].param_groups[0]["lr"] = lr
+    return lr
+
+
+def render_splats(
+    params: Params | dict[str, Tensor],
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    cfg: TrainConfig,
+    sh_degree: int,
+    backgrounds: Tensor | None = None,  # [C, 3]
+    absgrad: bool = False,
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """Render the model from C cameras.
+
+    Returns:
+        colors [C, H, W, 3] (not clamped above 1), alphas [C, H, W, 1], and the rasterizer's
+        meta dict (``means2d``, ``radii``, ``gaussian_ids``, ``width``, ``height``, ...).
+    """
+    return rasterization(
+        means=params["means"],
+        quats=params["quats"],
+        scales=torch.exp(params["scales"]),
+        opacities=torch.sigmoid(params["opacities"]),
+        colors=torch.cat([params["sh0"], params["shN"]], dim=1),
+        viewmats=viewmats,
+        Ks=Ks,
+        width=width,
+        height=height,
+        near_plane=cfg.near_plane,
+        far_plane=cfg.far_plane,
+        sh_degree=sh_degree,
+        packed=cfg.packed,
+        absgrad=absgrad,
+        rasterize_mode="antialiased" if cfg.antialiased else "classic",
+        backgrounds=backgrounds,
+        backend=cfg.backend,
+        backward_scheme=cfg.backward_scheme,
+    )

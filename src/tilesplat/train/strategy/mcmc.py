@@ -1,0 +1,67 @@
+"""3D Gaussian Splatting as Markov Chain Monte Carlo (Kheradmand et al. 2024).
+
+Between ``refine_start`` and ``refine_stop``, every ``refine_every`` steps: Gaussians with
+opacity at most ``min_opacity`` are relocated onto live ones sampled by opacity, then 5% more
+Gaussians are added the same way, up to ``cap_max``. Every step the means receive noise shaped
+by their covariance, scaled by the means' learning rate times ``noise_lr``, mostly where
+opacity is low. The count never shrinks, so ``cap_max`` bounds the cost of a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import Optimizers, Params, Strategy
+from .ops import inject_noise, relocate, relocation_table, sample_add
+
+N_MAX = 51  # largest number of copies equation 9 is evaluated for (as gsplat)
+
+
+@dataclass
+class MCMCStrategy(Strategy):
+    """Relocate dead Gaussians, add 5% per refinement up to ``cap_max``, perturb the means."""
+
+    cap_max: int = 1_000_000
+    noise_lr: float = 5e5
+    refine_start_iter: int = 500
+    refine_stop_iter: int = 25_000
+    refine_every: int = 100
+    min_opacity: float = 0.005
+
+    def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
+        """State: ``scene_scale`` only; the relocation table is rebuilt, not stored."""
+        return {"scene_scale": float(scene_scale)}
+
+    def step_post_backward(
+        self,
+        params: Params,
+        optimizers: Optimizers,
+        state: dict[str, Any],
+        step: int,
+        info: dict[str, Any],
+        *,
+        means_lr: float,
+        packed: bool = False,
+    ) -> None:
+        if self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0:
+            table = _table()
+            dead = torch.sigmoid(params["opacities"]) <= self.min_opacity
+            if bool(dead.any()):
+                relocate(params, optimizers, dead, table, self.min_opacity)
+            n = len(params["means"])
+            n_add = max(0, min(self.cap_max, int(1.05 * n)) - n)
+            if n_add > 0:
+                sample_add(params, optimizers, n_add, table, self.min_opacity)
+        inject_noise(params, means_lr * self.noise_lr)
+
+
+_TABLE: list[torch.Tensor] = []
+
+
+def _table() -> torch.Tensor:
+    if not _TABLE:
+        _TABLE.append(relocation_table(N_MAX))
+    return _TABLE[0]

@@ -1,0 +1,349 @@
+"""The training loop (the 3DGS recipe as gsplat's simple trainer runs it) and its run folder.
+
+A run folder holds ``config.toml`` (the full config), ``checkpoints/step_NNNNNNN.pt``,
+``history.json`` (loss, PSNR, Gaussian count and time per logged step), and at the end
+``metrics.json``, ``renders/test/*.png``, ``curve.png`` and ``point_cloud.ply``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data.dataset import SceneDataset
+from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
+from .config import TrainConfig, config_from_dict
+from .init import init_params, random_points, visible_half_width
+from .losses import photometric_loss
+from .metrics import psnr
+from .progress import Progress
+from .splats import make_optimizers, make_params, render_splats, set_learning_rates
+from .strategy import DefaultStrategy, MCMCStrategy, Strategy
+
+CHECKPOINT_FORMAT = "tilesplat-train-1"
+HISTORY_KEYS = ("step", "time", "loss", "psnr", "gaussians", "test_step", "test_time", "test_psnr")
+
+
+def make_strategy(cfg: TrainConfig) -> Strategy:
+    """The densification strategy the config names, with its thresholds."""
+    if cfg.strategy == "mcmc":
+        return MCMCStrategy(
+            cap_max=cfg.cap_max,
+            noise_lr=cfg.noise_lr,
+            refine_start_iter=cfg.refine_start,
+            refine_stop_iter=cfg.refine_stop,
+            refine_every=cfg.refine_every,
+            min_opacity=cfg.prune_opacity,
+        )
+    return DefaultStrategy(
+        prune_opa=cfg.prune_opacity,
+        grow_grad2d=cfg.grow_grad2d,
+        grow_scale3d=cfg.grow_scale3d,
+        prune_scale3d=cfg.prune_scale3d,
+        refine_start_iter=cfg.refine_start,
+        refine_stop_iter=cfg.refine_stop,
+        reset_every=cfg.reset_every,
+        refine_every=cfg.refine_every,
+        pause_refine_after_reset=cfg.pause_refine_after_reset,
+        absgrad=cfg.absgrad,
+    )
+
+
+def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tensor]:
+    """Initial parameters from the dataset's points, or random in the box the cameras see.
+
+    Draws from the global torch RNG (seeded by the trainer).
+    """
+    has_points = dataset.points is not None and len(dataset.points) > 0
+    if cfg.init == "points" and not has_points:
+        raise ValueError("init = 'points' but the dataset has no point cloud; use init = 'random'")
+    if cfg.init == "points" or (cfg.init == "auto" and has_points):
+        pts = dataset.points.float()
+        rgb = dataset.points_rgb if dataset.points_rgb is not None else torch.full_like(pts, 0.5)
+    else:
+        frames = dataset.train
+        half = cfg.init_extent * visible_half_width(
+            torch.stack([f.viewmat for f in frames]).float(),
+            torch.stack([f.K for f in frames]).float(),
+            torch.tensor([f.width for f in frames]),
+            dataset.scene_center.float(),
+        )
+        pts, rgb = random_points(cfg.init_points, dataset.scene_center, half)
+    return init_params(
+        pts,
+        rgb,
+        cfg.sh_degree,
+        cfg.init_opacity,
+        cfg.init_scale,
+        fallback_scale=0.01 * dataset.scene_radius,
+    )
+
+
+def recomposite(image: Tensor, alpha: Tensor, old_bg: Tensor, new_bg: Tensor) -> Tensor:
+    """Images composited on ``old_bg`` [3], recomposited on ``new_bg`` [C, 3].
+
+    image: [C, H, W, 3] = rgb * alpha + old_bg * (1 - alpha); alpha: [C, H, W, 1].
+    """
+    return image + (new_bg - old_bg)[:, None, None, :] * (1.0 - alpha)
+
+
+class _StopRequest:
+    """Turns Ctrl-C into a flag the loop checks between steps (so a checkpoint is whole)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.installed = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.installed = True
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.installed:
+            # None means a handler not set from Python; the default is the closest.
+            previous = self.previous if self.previous is not None else signal.default_int_handler
+            signal.signal(signal.SIGINT, previous)
+
+
+class Trainer:
+    """Trains one model on one dataset into one run folder.
+
+    Args:
+        cfg: the run's config (validated here).
+        dataset: train and test frames.
+        run_dir: the run folder (created).
+        checkpoint: a checkpoint dict to continue from (``resume``), or None to start.
+        log: where one-line messages go.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        dataset: SceneDataset,
+        run_dir: str | Path,
+        checkpoint: dict[str, Any] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg.validate()
+        self.dataset = dataset
+        self.run_dir = Path(run_dir)
+        self.log = log
+        if not dataset.train:
+            raise ValueError("the dataset has no training images")
+        sizes = {(f.width, f.height) for f in dataset.train}
+        if cfg.batch_size > 1 and len(sizes) > 1:
+            raise ValueError(
+                f"batch_size > 1 needs training images of one size, got {sorted(sizes)}"
+            )
+        self.background = torch.tensor(dataset.background, dtype=torch.float32)
+        self.strategy = make_strategy(cfg)
+        self.scene_scale = float(dataset.scene_radius)
+        if checkpoint is None:
+            torch.manual_seed(cfg.seed)
+            self.params = make_params(initial_gaussians(cfg, dataset))
+            self.optimizers = make_optimizers(self.params, cfg, self.scene_scale)
+            self.strategy_state = self.strategy.initialize_state(self.scene_scale)
+            self.step = 0
+            self.elapsed = 0.0
+            self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
+            self.window = [0.0, 0.0, 0]  # loss sum, PSNR sum, steps since the last log
+        else:
+            self._load_state(checkpoint)
+        self.strategy.check_sanity(self.params, self.optimizers)
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next step depends on, loadable with ``weights_only=True``."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "params": {k: p.detach().clone() for k, p in self.params.items()},
+            "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
+            "strategy_state": dict(self.strategy_state),
+            "rng": torch.get_rng_state(),
+            "config": dataclasses.asdict(self.cfg),
+            "history": self.history,
+            "window": list(self.window),
+            "elapsed": self.elapsed,
+            "scene_scale": self.scene_scale,
+        }
+
+    def _load_state(self, ckpt: dict[str, Any]) -> None:
+        if ckpt.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"checkpoint format {ckpt.get('format')!r} is not {CHECKPOINT_FORMAT!r}"
+            )
+        self.step = int(ckpt["step"])
+        self.scene_scale = float(ckpt["scene_scale"])
+        self.params = make_params(ckpt["params"])
+        self.optimizers = make_optimizers(self.params, self.cfg, self.scene_scale)
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(ckpt["optimizers"][name])
+        self.strategy_state = dict(ckpt["strategy_state"])
+        self.history = {k: list(ckpt["history"].get(k, [])) for k in HISTORY_KEYS}
+        self.window = list(ckpt["window"])
+        self.elapsed = float(ckpt["elapsed"])
+        torch.set_rng_state(ckpt["rng"])
+
+    def save_checkpoint(self) -> Path:
+        """Write the checkpoint of the current step and the history; keep the newest few."""
+        path = save_checkpoint(checkpoint_path(self.run_dir, self.step), self.state_dict())
+        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
+        self._write_history()
+        return path
+
+    def _write_history(self) -> None:
+        from .checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(
+            self.run_dir / "history.json", json.dumps(self.history, indent=1).encode("utf-8")
+        )
+
+    # --- one step ------------------------------------------------------------------------
+
+    def batch_indices(self, step: int) -> list[int]:
+        """Training-frame indices of ``step``: epochs of seeded permutations, no state kept."""
+        n = len(self.dataset.train)
+        out = []
+        for b in range(self.cfg.batch_size):
+            flat = step * self.cfg.batch_size + b
+            epoch = flat // n
+            if epoch != self._perm_epoch:
+                gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+                self._perm = torch.randperm(n, generator=gen)
+                self._perm_epoch = epoch
+            out.append(int(self._perm[flat % n]))
+        return out
+
+    def train_step(self, step: int) -> tuple[float, float]:
+        """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
+        cfg = self.cfg
+        frames = [self.dataset.train[i] for i in self.batch_indices(step)]
+        viewmats = torch.stack([f.viewmat for f in frames]).float()
+        Ks = torch.stack([f.K for f in frames]).float()
+        target = torch.stack([f.image for f in frames]).float()  # [C, H, W, 3]
+        n_cams = len(frames)
+        if cfg.random_background:
+            bg = torch.rand(n_cams, 3)
+            if all(f.alpha is not None for f in frames):
+                alpha = torch.stack([f.alpha for f in frames]).float()  # [C, H, W, 1]
+                target = recomposite(target, alpha, self.background, bg)
+        else:
+            bg = self.background.expand(n_cams, 3)
+        sh_degree = min(step // cfg.sh_degree_interval, cfg.sh_degree)
+        colors, _, info = render_splats(
+            self.params,
+            viewmats,
+            Ks,
+            frames[0].width,
+            frames[0].height,
+            cfg,
+            sh_degree,
+            backgrounds=bg.contiguous(),
+            absgrad=cfg.absgrad and cfg.strategy == "default",
+        )
+        self.strategy.step_pre_backward(
+            self.params, self.optimizers, self.strategy_state, step, info
+        )
+        loss, _ = photometric_loss(colors, target, cfg.ssim_lambda)
+        if cfg.opacity_reg > 0.0:
+            loss = loss + cfg.opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
+        if cfg.scale_reg > 0.0:
+            loss = loss + cfg.scale_reg * torch.exp(self.params["scales"]).mean()
+        loss.backward()
+        means_lr = set_learning_rates(self.optimizers, cfg, self.scene_scale, step)
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self.strategy.step_post_backward(
+            self.params,
+            self.optimizers,
+            self.strategy_state,
+            step,
+            info,
+            means_lr=means_lr,
+            packed=cfg.packed,
+        )
+        return float(loss.detach()), psnr(colors.detach().clamp(0.0, 1.0), target)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _record(self, loss: float, step_psnr: float) -> None:
+        self.window[0] += loss
+        self.window[1] += step_psnr
+        self.window[2] += 1
+        if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
+            n = self.window[2]
+            self.history["step"].append(self.step)
+            self.history["time"].append(round(self.elapsed, 3))
+            self.history["loss"].append(self.window[0] / n)
+            self.history["psnr"].append(self.window[1] / n)
+            self.history["gaussians"].append(len(self.params["means"]))
+            self.window = [0.0, 0.0, 0]
+
+    def test_psnr(self) -> float:
+        """Mean PSNR over the test views (train views when there are none)."""
+        from .evaluate import evaluate
+
+        frames = self.dataset.test or self.dataset.train
+        return evaluate(self.params, frames, self.cfg, self.dataset.background)["psnr"]
+
+    def train(self) -> None:
+        """Run the remaining steps; on Ctrl-C finish the step, checkpoint, re-raise."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        progress = Progress(cfg.steps, self.step, enabled=cfg.progress)
+        with _StopRequest() as stop:
+            try:
+                while self.step < cfg.steps:
+                    t0 = time.perf_counter()
+                    loss, step_psnr = self.train_step(self.step)
+                    self.step += 1
+                    self.elapsed += time.perf_counter() - t0
+                    self._record(loss, step_psnr)
+                    if cfg.eval_every and self.step % cfg.eval_every == 0:
+                        self.history["test_step"].append(self.step)
+                        self.history["test_time"].append(round(self.elapsed, 3))
+                        self.history["test_psnr"].append(self.test_psnr())
+                    if stop.requested:
+                        progress.close()
+                        path = self.save_checkpoint()
+                        self.log(f"interrupted at step {self.step}; saved {path}")
+                        raise KeyboardInterrupt
+                    if (
+                        cfg.checkpoint_every
+                        and self.step % cfg.checkpoint_every == 0
+                        and self.step < cfg.steps
+                    ):
+                        self.save_checkpoint()
+                    progress.update(
+                        self.step, loss=loss, psnr=step_psnr, gaussians=len(self.params["means"])
+                    )
+            finally:
+                progress.close()
+        self.save_checkpoint()
+
+
+def checkpoint_config(ckpt: dict[str, Any]) -> TrainConfig:
+    """The config stored in a checkpoint."""
+    return config_from_dict(ckpt["config"], where="checkpoint config")

@@ -1,0 +1,125 @@
+"""The training config: defaults, TOML round trip, --set flags, unknown keys, check command."""
+
+import dataclasses
+import sys
+
+import pytest
+
+from tilesplat.cli import main
+from tilesplat.train.config import (
+    TrainConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_toml,
+    load_config,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+def test_every_field_has_default_and_help():
+    for f in dataclasses.fields(TrainConfig):
+        assert f.default is not dataclasses.MISSING, f.name
+        assert len(f.metadata["help"]) > 10, f.name
+    TrainConfig().validate()
+
+
+def test_gsplat_recipe_defaults():
+    cfg = TrainConfig()
+    assert (cfg.means_lr, cfg.scales_lr, cfg.quats_lr) == (1.6e-4, 5e-3, 1e-3)
+    assert (cfg.opacities_lr, cfg.sh0_lr, cfg.shN_lr) == (5e-2, 2.5e-3, 2.5e-3 / 20)
+    assert (cfg.means_lr_final, cfg.ssim_lambda, cfg.sh_degree_interval) == (0.01, 0.2, 1000)
+
+
+def test_toml_round_trip(tmp_path):
+    cfg = apply_overrides(
+        TrainConfig(),
+        [
+            'data=some "quoted" path\\x',
+            "steps=123",
+            "means_lr=2e-05",
+            "absgrad=true",
+            "strategy=mcmc",
+            "far_plane=1e12",
+        ],
+    )
+    text = config_to_toml(cfg)
+    assert tomllib.loads(text)["steps"] == 123
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+    # every key is preceded by its help line
+    lines = text.splitlines()
+    for f in dataclasses.fields(cfg):
+        i = next(k for k, line in enumerate(lines) if line.startswith(f"{f.name} = "))
+        assert lines[i - 1] == f"# {f.metadata['help']}"
+
+
+def test_unknown_key_suggests_closest(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("step = 10\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'step'; did you mean 'steps'\?"):
+        load_config(path)
+    with pytest.raises(ValueError, match="did you mean 'grow_grad2d'"):
+        apply_overrides(TrainConfig(), ["grow_grad2=1e-4"])
+    with pytest.raises(ValueError, match="unknown config key 'zzzz'$"):
+        config_from_dict({"zzzz": 1})
+
+
+def test_wrong_types_and_ranges(tmp_path):
+    with pytest.raises(ValueError, match="steps must be int"):
+        config_from_dict({"steps": "10"})
+    with pytest.raises(ValueError, match="steps must be int"):
+        config_from_dict({"steps": True})
+    assert config_from_dict({"means_lr": 1}).means_lr == 1.0  # int accepted for float
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        config_from_dict({"strategy": "adc"})
+    with pytest.raises(ValueError, match="sh_degree must be in 0..4"):
+        config_from_dict({"sh_degree": 5})
+    with pytest.raises(ValueError, match="init_opacity must be in"):
+        apply_overrides(TrainConfig(), ["init_opacity=1.5"])
+    with pytest.raises(ValueError, match="expected true or false"):
+        apply_overrides(TrainConfig(), ["absgrad=maybe"])
+    with pytest.raises(ValueError, match="expected int"):
+        apply_overrides(TrainConfig(), ["steps=ten"])
+    with pytest.raises(ValueError, match="key=value"):
+        apply_overrides(TrainConfig(), ["steps"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = = 3\n")
+    with pytest.raises(ValueError, match="not a valid TOML"):
+        load_config(bad)
+    table = tmp_path / "table.toml"
+    table.write_text("[optim]\nmeans_lr = 1.0\n")
+    with pytest.raises(ValueError, match="tables are not used"):
+        load_config(table)
+
+
+def test_set_parses_by_field_type():
+    cfg = apply_overrides(
+        TrainConfig(), ["steps=1_000", "white_background=no", "means_lr=3e-4", "backend=torch"]
+    )
+    assert (cfg.steps, cfg.white_background, cfg.means_lr, cfg.backend) == (
+        1000,
+        False,
+        3e-4,
+        "torch",
+    )
+
+
+def test_check_command(tmp_path, capsys):
+    good = tmp_path / "good.toml"
+    good.write_text('steps = 77\nstrategy = "mcmc"\n')
+    assert main(["check", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "steps, strategy" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("refine_evry = 10\n")
+    assert main(["check", str(bad)]) == 2
+    assert "did you mean 'refine_every'" in capsys.readouterr().err
+    missing = tmp_path / "nodata.toml"
+    missing.write_text(f'data = "{tmp_path / "nothing"}"\n')
+    assert main(["check", str(missing)]) == 2
+    assert "dataset folder not found" in capsys.readouterr().err

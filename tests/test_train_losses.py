@@ -1,0 +1,102 @@
+"""SSIM, PSNR and L1: checked against scikit-image and by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from skimage.metrics import structural_similarity
+
+from tilesplat.train.losses import l1_loss, photometric_loss, ssim, ssim_map
+from tilesplat.train.metrics import make_lpips, psnr, ssim_metric
+
+
+def _fixed_pair(h: int, w: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A smooth textured image and a noisy, shifted, contrast-changed copy, in [0, 1]."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    base = np.stack(
+        [0.5 + 0.4 * np.sin(x / 3.0 + c) * np.cos(y / 5.0 - c) for c in range(3)], axis=-1
+    )
+    other = np.clip(
+        0.8 * np.roll(base, 1, axis=1) + 0.1 + 0.05 * rng.standard_normal(base.shape), 0, 1
+    )
+    return base, other
+
+
+@pytest.mark.parametrize("shape,seed", [((40, 37), 0), ((11, 11), 1), ((64, 48), 2)])
+def test_ssim_matches_scikit_image(shape, seed):
+    a, b = _fixed_pair(*shape, seed)
+    want = structural_similarity(
+        a,
+        b,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=1.0,
+        channel_axis=-1,
+    )
+    got = float(ssim(torch.from_numpy(a), torch.from_numpy(b)))
+    assert abs(got - want) < 1e-9, (got, want)
+    # float32, batched [B, H, W, C] gives the mean of the per-image values
+    got32 = ssim_metric(torch.from_numpy(a).float(), torch.from_numpy(b).float())
+    assert abs(got32 - want) < 1e-5
+
+
+def test_ssim_batch_is_mean_of_images():
+    a0, b0 = _fixed_pair(20, 24, 3)
+    a1, b1 = _fixed_pair(20, 24, 4)
+    batch = ssim(torch.from_numpy(np.stack([a0, a1])), torch.from_numpy(np.stack([b0, b1])))
+    single = [
+        float(ssim(torch.from_numpy(a), torch.from_numpy(b))) for a, b in ((a0, b0), (a1, b1))
+    ]
+    assert abs(float(batch) - sum(single) / 2) < 1e-12
+
+
+def test_ssim_identity_and_shapes():
+    a, _ = _fixed_pair(16, 16, 5)
+    t = torch.from_numpy(a)
+    assert abs(float(ssim(t, t)) - 1.0) < 1e-12
+    assert ssim_map(t[None], t[None]).shape == (1, 3, 6, 6)
+    with pytest.raises(ValueError, match="smaller than the 11x11 window"):
+        ssim(t[:8], t[:8])
+    with pytest.raises(ValueError, match="differ in shape"):
+        ssim(t, t[:, :15])
+
+
+def test_ssim_gradient_float64():
+    a, b = _fixed_pair(12, 13, 6)
+    x = torch.from_numpy(a[:, :, :2]).requires_grad_()
+    y = torch.from_numpy(b[:, :, :2])
+    assert torch.autograd.gradcheck(lambda x: ssim(x, y), (x,), fast_mode=True)
+
+
+def test_psnr_and_l1_by_hand():
+    a = torch.zeros(4, 5, 3)
+    b = torch.full((4, 5, 3), 0.1)
+    assert psnr(a, b) == pytest.approx(20.0, abs=1e-5)  # MSE 0.01 (float32 0.1)
+    assert psnr(a, a) == math.inf
+    assert float(l1_loss(a, b)) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="differ in shape"):
+        psnr(a, b[:, :4])
+
+
+def test_photometric_loss_weights():
+    a, b = (torch.from_numpy(x).float() for x in _fixed_pair(16, 16, 7))
+    loss, l1 = photometric_loss(a[None], b[None], 0.2)
+    want = 0.8 * float(l1_loss(a, b)) + 0.2 * (1 - float(ssim(a, b)))
+    assert float(loss) == pytest.approx(want, rel=1e-6)
+    loss0, _ = photometric_loss(a[None], b[None], 0.0)
+    assert float(loss0) == pytest.approx(float(l1), rel=1e-7)
+
+
+def test_lpips_is_optional():
+    try:
+        import lpips  # noqa: F401
+    except ImportError:
+        assert make_lpips() is None
+        return
+    score = make_lpips()
+    if score is not None:  # weights may be unavailable offline
+        a = torch.rand(32, 32, 3)
+        assert score(a, a) < 1e-6
