@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test render lint clean
+.PHONY: setup test train render lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,9 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q
+
+train: $(STAMP)
+	$(BIN)/tilesplat train
 
 render: $(STAMP)
 	$(BIN)/tilesplat render-garden --out renders/garden

@@ -347,7 +347,8 @@ def backward_kernel(
         v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
         v_a = np.zeros(n_pix, dt)
         last = np.full(n_pix, -1, np.int32)
-        state = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
+        # float64: the colour still to come (per_splat) is a difference of nearly equal sums
+        state = np.zeros((n_sub, n_ch, SUB_PIXELS), np.float64)
         bg_dot = np.zeros(n_pix, dt)
         for d in range(n_ch):
             bg_part[t, d] = zero
