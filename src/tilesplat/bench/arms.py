@@ -67,8 +67,11 @@ def parse_arm(spec: str) -> Arm:
         raise ValueError(f"arm {spec!r}: unknown device {device!r}; choose one of {list(DEVICES)}")
     if backend == "cpu" and device != "cpu":
         raise ValueError(f"arm {spec!r}: backend 'cpu' runs on device 'cpu' only")
-    if backend == "cuda" and device != "cuda":
-        raise ValueError(f"arm {spec!r}: backend 'cuda' runs on device 'cuda' only")
+    if backend == "cuda" and device != "cuda" and not registry.cuda_simulator():
+        raise ValueError(
+            f"arm {spec!r}: backend 'cuda' runs on device 'cuda' only "
+            "(or on 'cpu' tensors in numba's simulator, NUMBA_ENABLE_CUDASIM=1)"
+        )
     return Arm(backend, scheme, device)
 
 
