@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -365,22 +366,24 @@ def test_blend_loop_vectorises():
     skip = ("cache", "nopython")
     options = {k: v for k, v in rasterize_fwd.blend_tile.targetoptions.items() if k not in skip}
     blend_tile = njit(**options)(rasterize_fwd.blend_tile.py_func)
-    tensors, offsets, flat = _splats(20, 1, 16, 16, 16, torch.float32)
-    tensors = [t.reshape(20, -1).squeeze(-1) for t in tensors]  # [I=1, G, ...] -> [G, ...]
-    P = 256
+    n_k = 20
     f = torch.float32
+    loc = torch.rand(n_k, 9, dtype=f).numpy()  # rows of cull.gather_tile
+    P = 64
     blend_tile(
-        *(t.numpy() for t in tensors[:4]),
-        flat.numpy(),
+        loc,
+        np.zeros(n_k, np.int32),  # every row reaches slice 0
+        np.zeros(n_k, np.int32),
         0,
-        flat.numel(),
+        0,
+        n_k,
         torch.rand(P, dtype=f).numpy(),
         torch.rand(P, dtype=f).numpy(),
         torch.ones(P, dtype=torch.int32).numpy(),
         torch.ones(P, dtype=f).numpy(),
         torch.full((P,), -1, dtype=torch.int32).numpy(),
         torch.empty(P, dtype=f).numpy(),
-        torch.zeros(3, P, dtype=f).numpy(),
+        np.zeros((3, P), np.float64),
     )
     asm = blend_tile.inspect_asm(blend_tile.signatures[0])
     if platform.machine() in ("x86_64", "AMD64"):  # AVX2 / AVX-512 packed single precision

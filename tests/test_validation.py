@@ -118,6 +118,19 @@ def test_nan_inf_rejected_and_switch(raster_inputs, bad):
         tilesplat.set_check_finite(None)
 
 
+def test_finite_check_large_values_and_broadcast_inputs():
+    # finite values whose float32 sum overflows are accepted (the one-pass check falls back)
+    tilesplat.spherical_harmonics(0, torch.ones(4, 3), torch.full((4, 1, 3), 3e38))
+    # a NaN in a broadcast (expanded) tensor is found, and counted once per stored value
+    coeffs = torch.zeros(1, 4, 3)
+    coeffs[0, 2, 1] = float("nan")
+    with pytest.raises(ValueError, match="coeffs contains 1 NaN or Inf"):
+        tilesplat.spherical_harmonics(1, torch.ones(5, 3), coeffs.expand(5, 4, 3))
+    with pytest.raises(ValueError, match="dirs contains 2 NaN or Inf"):
+        tilesplat.spherical_harmonics(0, torch.tensor([[1.0, -float("inf"), 0.0]] * 2),
+                                      torch.zeros(2, 1, 3))
+
+
 def test_projection_errors():
     means, quats, scales, opac, _ = random_gaussians(5)
     view, K = cameras(1, 10, 10)

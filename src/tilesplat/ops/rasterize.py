@@ -24,22 +24,25 @@ class _RasterizeToPixels(torch.autograd.Function):
     @staticmethod
     def forward(ctx, impl, means2d, conics, colors, opacities, backgrounds, masks, width, height,
                 tile_size, isect_offsets, flatten_ids, absgrad, scheme, absgrad_target):
-        render_colors, render_alphas, last_ids = impl.forward(
+        # scheme None: no backward will run, so the backend keeps nothing for it
+        will_backward = any(ctx.needs_input_grad)
+        render_colors, render_alphas, last_ids, extra = impl.forward(
             means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
-            isect_offsets, flatten_ids,
+            isect_offsets, flatten_ids, scheme if will_backward else None,
         )
         ctx.impl = impl
         ctx.params = (width, height, tile_size, absgrad, scheme)
         ctx.absgrad_target = absgrad_target
         ctx.save_for_backward(means2d, conics, colors, opacities, backgrounds, masks,
-                              isect_offsets, flatten_ids, render_colors, render_alphas, last_ids)
+                              isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
+                              extra)
         ctx.mark_non_differentiable(last_ids)
         return render_colors, render_alphas, last_ids
 
     @staticmethod
     def backward(ctx, v_render_colors, v_render_alphas, _v_last_ids):
         (means2d, conics, colors, opacities, backgrounds, masks, isect_offsets, flatten_ids,
-         render_colors, render_alphas, last_ids) = ctx.saved_tensors
+         render_colors, render_alphas, last_ids, extra) = ctx.saved_tensors
         width, height, tile_size, absgrad, scheme = ctx.params
         if v_render_colors is None:
             v_render_colors = torch.zeros_like(render_colors)
@@ -50,6 +53,7 @@ class _RasterizeToPixels(torch.autograd.Function):
                 means2d, conics, colors, opacities, backgrounds, masks, width, height,
                 tile_size, isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
                 v_render_colors.contiguous(), v_render_alphas.contiguous(), absgrad, scheme,
+                extra,
             )
         )
         if absgrad:

@@ -131,14 +131,32 @@ def common_float(named: dict[str, Tensor | None]) -> tuple[torch.dtype, torch.de
     return dtype, device
 
 
+def _distinct(t: Tensor) -> Tensor:
+    """t without its broadcast dimensions (stride 0, e.g. from ``expand``): the same values,
+    each once."""
+    index = tuple(0 if st == 0 and n > 1 else slice(None)
+                  for st, n in zip(t.stride(), t.shape, strict=True))
+    return t[index]
+
+
+def _all_finite(t: Tensor) -> bool:
+    """One reduction instead of a mask: a NaN or Inf makes the sum non-finite. A finite sum
+    proves every element finite; a non-finite one may be an overflow of large finite values,
+    so it is checked element by element."""
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def check_finite(named: dict[str, Tensor | None]) -> None:
     """Rejects NaN or Inf in float tensors (unless switched off by set_check_finite)."""
     if not check_finite_enabled():
         return
     for name, t in named.items():
-        if t is not None and t.is_floating_point() and t.numel() and not bool(
-            torch.isfinite(t).all()
-        ):
+        if t is None or not t.is_floating_point() or not t.numel():
+            continue
+        t = _distinct(t)
+        if not _all_finite(t):
             bad = int((~torch.isfinite(t)).sum())
             raise ValueError(
                 f"{name} contains {bad} NaN or Inf value(s); "

@@ -24,6 +24,7 @@ from numba import njit
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
 from ..scalar_math import like
 from ._common import BLOCK, alloc, parallel_for, sm, view
+from .cull import gather_tile, max_tile_len, splat_bounds
 from .rasterize_fwd import SUB_PIXELS, init_tile_pixels
 
 # Columns of the per-intersection gradient rows; colours follow from N_FIXED.
@@ -85,54 +86,52 @@ def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part):
     part[k, C_ABSY] += s_ay
 
 
-@njit(cache=True, fastmath=SUMS, error_model="numpy")
-def colors_behind(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, behind, v_alpha, part):
-    """Per-pixel scheme, intersection k: d loss / d alpha (v_alpha [P]), its colour gradient
-    (to part[k]) and the colour behind updated. v_a [P]: the share of d loss / d alpha that
-    comes through render_alphas and the background, times (1 - alpha)."""
+@njit(cache=True, error_model="numpy")
+def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per_splat):
+    """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]) and the colour state.
+
+    per_pixel: state [D, P] is the colour behind row j (summed back to front), updated after.
+    per_splat: state is the colour still to come, the pixel's float64 colour minus the rows
+    before; row j's contribution w * c is subtracted first, with the forward's own float32
+    products (w is computed exactly as the forward's weight), so what remains is exact to
+    float64 rounding. v_a [P]: the share of d loss / d alpha through render_alphas (and, per
+    pixel, the background), times (1 - alpha). w, inv_1ma [P] are filled here.
+    No fast-math: per_splat needs the forward's products bit for bit.
+    """
     clamp = like(gauss[0], ALPHA_CLAMP)
     one = like(gauss[0], 1.0)
     for p in range(gauss.shape[0]):
-        r = one / (one - min(clamp, op * gauss[p]))
+        alpha = min(clamp, op * gauss[p])
+        r = one / (one - alpha)
         inv_1ma[p] = r
         v_alpha[p] = v_a[p] * r
-    for d in range(colors.shape[1]):
-        cd = colors[g, d]
-        s_col = like(gauss[0], 0.0)
+        w[p] = alpha * t_k[p]  # 0 where not hit (t_k = 0)
+    for d in range(state.shape[0]):
+        cd = loc[j, 6 + d]
         for p in range(gauss.shape[0]):
-            w = min(clamp, op * gauss[p]) * t_k[p]  # 0 where not hit (t_k = 0)
-            s_col += w * v_c[d, p]
-            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - behind[d, p] * inv_1ma[p])
-            behind[d, p] += w * cd
-        part[k, N_FIXED + d] += s_col
+            if per_splat:
+                state[d, p] -= w[p] * cd
+            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - state[d, p] * inv_1ma[p])
+            if not per_splat:
+                state[d, p] += w[p] * cd
 
 
 @njit(cache=True, fastmath=SUMS, error_model="numpy")
-def colors_ahead(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, ahead, v_alpha, part):
-    """Per-splat scheme, intersection k: d loss / d alpha (v_alpha [P]), its colour gradient
-    (to part[k]) and the colour still to come updated. v_a [P]: the share of d loss / d alpha
-    that comes through render_alphas, times (1 - alpha)."""
-    clamp = like(gauss[0], ALPHA_CLAMP)
-    one = like(gauss[0], 1.0)
-    for p in range(gauss.shape[0]):
-        r = one / (one - min(clamp, op * gauss[p]))
-        inv_1ma[p] = r
-        v_alpha[p] = v_a[p] * r
-    for d in range(colors.shape[1]):
-        cd = colors[g, d]
-        s_col = like(gauss[0], 0.0)
-        for p in range(gauss.shape[0]):
-            w = min(clamp, op * gauss[p]) * t_k[p]
-            s_col += w * v_c[d, p]
-            ahead[d, p] -= w * cd
-            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - ahead[d, p] * inv_1ma[p])
+def color_grads(k, w, v_c, part):
+    """part[k, N_FIXED + d] += sum over the pixels of w [P] * v_c [d, P]."""
+    for d in range(v_c.shape[0]):
+        s_col = like(w[0], 0.0)
+        for p in range(w.shape[0]):
+            s_col += w[p] * v_c[d, p]
         part[k, N_FIXED + d] += s_col
 
 
 @njit(cache=True, error_model="numpy")
-def replay_transmittance(means2d, conics, opacities, flatten_ids, start, px, py, last, trans):
-    """trans [P] *= (1 - alpha) over each pixel's contributing intersections up to its last_id,
-    front to back with the forward's arithmetic: the forward's T_final, bit for bit."""
+def replay_transmittance(loc, s_first, s_last, sub, k0, px, py, last, trans):
+    """trans [P] *= (1 - alpha) over each pixel's contributing rows up to its last_id, front to
+    back with the forward's arithmetic: the forward's T_final, bit for bit. loc, s_first,
+    s_last: the tile's rows (``cull.gather_tile``; row j is intersection k0 + j); sub: this
+    slice."""
     f = trans[0]
     zero = like(f, 0.0)
     one = like(f, 1.0)
@@ -141,15 +140,16 @@ def replay_transmittance(means2d, conics, opacities, flatten_ids, start, px, py,
     k_max = -1
     for p in range(px.shape[0]):
         k_max = max(k_max, last[p])
-    for k in range(start, k_max + 1):
-        g = flatten_ids[k]
-        mx = means2d[g, 0]
-        my = means2d[g, 1]
-        a = conics[g, 0]
-        b = conics[g, 1]
-        c = conics[g, 2]
-        op = opacities[g]
-        k32 = np.int32(k)
+    for j in range(k_max - k0 + 1):
+        if (sub < s_first[j]) | (sub > s_last[j]):
+            continue
+        mx = loc[j, 0]
+        my = loc[j, 1]
+        a = loc[j, 2]
+        b = loc[j, 3]
+        c = loc[j, 4]
+        op = loc[j, 5]
+        k32 = np.int32(k0 + j)
         for p in range(px.shape[0]):
             s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
             alpha = min(clamp, op * sm.exp_neg(s))
@@ -159,33 +159,15 @@ def replay_transmittance(means2d, conics, opacities, flatten_ids, start, px, py,
 
 
 @njit(cache=True, error_model="numpy")
-def tile_per_pixel(
-    means2d,
-    conics,
-    colors,
-    opacities,
-    flatten_ids,
-    start,
-    px,
-    py,
-    last,
-    trans,
-    v_c,
-    v_a,
-    behind,
-    gauss,
-    t_k,
-    inv_1ma,
-    v_alpha,
-    part,
-):
-    """Back to front over a slice of P pixels of a tile, from its largest last_id down to
-    start; adds to the rows part[k].
+def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a, behind, gauss,
+                   t_k, w, inv_1ma, v_alpha, part):
+    """Back to front over a slice ``sub`` of P pixels of a tile, from its largest last_id down
+    to row 0; adds to the rows part[k] (k = k0 + j for row j of loc).
 
     last [P] int32 (-1: no contribution or outside); trans [P] T after the current Gaussian
     (starts at T_final); v_c [D, >= P] upstream colour gradients; v_a [P] (v_alpha -
     v_colors . background) * T_final; behind [D, >= P] colour of the Gaussians behind (starts
-    0); gauss, t_k, inv_1ma, v_alpha [P] scratch.
+    0); gauss, t_k, w, inv_1ma, v_alpha [P] scratch.
     """
     n_pix = px.shape[0]
     f = trans[0]
@@ -196,15 +178,17 @@ def tile_per_pixel(
     k_max = -1
     for p in range(n_pix):
         k_max = max(k_max, last[p])
-    for k in range(k_max, start - 1, -1):
-        g = flatten_ids[k]
-        mx = means2d[g, 0]
-        my = means2d[g, 1]
-        a = conics[g, 0]
-        b = conics[g, 1]
-        c = conics[g, 2]
-        op = opacities[g]
+    for j in range(k_max - k0, -1, -1):
+        if (sub < s_first[j]) | (sub > s_last[j]):
+            continue
+        mx = loc[j, 0]
+        my = loc[j, 1]
+        a = loc[j, 2]
+        b = loc[j, 3]
+        c = loc[j, 4]
+        op = loc[j, 5]
         n_hit = 0
+        k = k0 + j
         k32 = np.int32(k)
         for p in range(n_pix):
             dx = mx - px[p]
@@ -220,38 +204,21 @@ def tile_per_pixel(
             n_hit += np.int32(1) if hit else np.int32(0)
         if n_hit == 0:
             continue
-        colors_behind(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, behind, v_alpha, part)
+        color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, v_alpha, False)
+        color_grads(k, w, v_c, part)
         pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
 
 
 @njit(cache=True, error_model="numpy")
-def tile_per_splat(
-    means2d,
-    conics,
-    colors,
-    opacities,
-    flatten_ids,
-    start,
-    end,
-    px,
-    py,
-    live,
-    trans,
-    v_c,
-    v_a,
-    ahead,
-    gauss,
-    t_k,
-    inv_1ma,
-    v_alpha,
-    part,
-):
-    """Front to back over a slice of P pixels of a tile, replaying the forward's skip / stop
-    decisions; adds to the rows part[k].
+def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c, v_a, ahead,
+                   gauss, t_k, w, inv_1ma, v_alpha, part):
+    """Front to back over a slice ``sub`` of P pixels of a tile, replaying the forward's skip /
+    stop decisions; adds to the rows part[k] (k = k0 + j for row j of loc).
 
     live [P] int32; trans [P] running T (starts 1); v_c [D, >= P] upstream colour gradients;
-    v_a [P] v_alpha * T_final; ahead [D, >= P] colour still to come (starts at the rendered
-    colour, background included); gauss, t_k, inv_1ma, v_alpha [P] scratch.
+    v_a [P] v_alpha * T_final; ahead [D, >= P] float64 colour still to come (starts at the
+    forward's float64 colour, background included); gauss, t_k, w, inv_1ma, v_alpha [P]
+    scratch.
     """
     n_pix = px.shape[0]
     f = trans[0]
@@ -260,14 +227,15 @@ def tile_per_splat(
     skip = like(f, ALPHA_SKIP)
     clamp = like(f, ALPHA_CLAMP)
     t_stop = like(f, TRANSMITTANCE_STOP)
-    for k in range(start, end):
-        g = flatten_ids[k]
-        mx = means2d[g, 0]
-        my = means2d[g, 1]
-        a = conics[g, 0]
-        b = conics[g, 1]
-        c = conics[g, 2]
-        op = opacities[g]
+    for j in range(n_k):
+        if (sub < s_first[j]) | (sub > s_last[j]):
+            continue
+        mx = loc[j, 0]
+        my = loc[j, 1]
+        a = loc[j, 2]
+        b = loc[j, 3]
+        c = loc[j, 4]
+        op = loc[j, 5]
         n_hit = 0
         n_live = 0
         for p in range(n_pix):
@@ -288,7 +256,9 @@ def tile_per_splat(
             n_hit += np.int32(1) if hit else np.int32(0)
             n_live += live[p]
         if n_hit > 0:
-            colors_ahead(k, g, op, colors, v_c, v_a, gauss, t_k, inv_1ma, ahead, v_alpha, part)
+            k = k0 + j
+            color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, v_alpha, True)
+            color_grads(k, w, v_c, part)
             pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
         if n_live == 0:
             break
@@ -309,7 +279,10 @@ def backward_kernel(
     tile_size,
     offsets,
     flatten_ids,
+    bounds,
+    max_len,
     render_colors,
+    colors_lo,
     render_alphas,
     last_ids,
     v_colors_img,
@@ -319,7 +292,9 @@ def backward_kernel(
     bg_part,
 ):
     """Tiles first, first + step, ...; fills part [n, 8 + D] (rows of the tile's intersections)
-    and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final)."""
+    and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final). bounds [G, 4]:
+    ``cull.splat_bounds``; max_len: the longest tile list; colors_lo [I, H, W, D] or [0, 0, 0,
+    D]: the forward's rounding residual of render_colors (per_splat)."""
     n_img, th, tw = offsets.shape
     n_tiles = n_img * th * tw
     n_ch = colors.shape[1]
@@ -327,8 +302,18 @@ def backward_kernel(
     n_isects = flatten_ids.shape[0]
     has_bg = backgrounds.shape[0] > 0
     has_mask = masks.shape[0] > 0
+    has_lo = colors_lo.shape[0] > 0
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
+    loc = np.empty((max_len, 6 + n_ch), dt)
+    s_first = np.empty(max_len, np.int32)
+    s_last = np.empty(max_len, np.int32)
+    n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
+    gauss = np.empty(SUB_PIXELS, dt)
+    t_k = np.empty(SUB_PIXELS, dt)
+    w = np.empty(SUB_PIXELS, dt)
+    inv_1ma = np.empty(SUB_PIXELS, dt)
+    v_alpha = np.empty(SUB_PIXELS, dt)
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -342,7 +327,6 @@ def backward_kernel(
         init_tile_pixels(tx, ty, tile_size, width, height, px, py, live)
         zero = like(px[0], 0.0)
         one = like(px[0], 1.0)
-        n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
         t_final = np.ones(n_pix, dt)
         v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
         v_a = np.zeros(n_pix, dt)
@@ -366,6 +350,8 @@ def backward_kernel(
                     bg_part[t, d] += vcd * t_final[p]
                     if per_splat:
                         state[sub, d, q] = render_colors[img, y, x, d]
+                        if has_lo:
+                            state[sub, d, q] += colors_lo[img, y, x, d]
                     if has_bg:
                         bg_dot[p] += vcd * backgrounds[img, d]
         for k in range(start, end):
@@ -373,6 +359,8 @@ def backward_kernel(
                 part[k, col] = zero
         if (has_mask and not masks[img, ty, tx]) or end <= start:
             continue
+        n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end,
+                          tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
         trans = np.ones(n_pix, dt)
         if not per_splat:
             # T_final as the forward computed it (1 - render_alphas loses its low bits in
@@ -380,10 +368,8 @@ def backward_kernel(
             for sub in range(n_sub):
                 lo = sub * SUB_PIXELS
                 hi = min(n_pix, lo + SUB_PIXELS)
-                replay_transmittance(
-                    means2d, conics, opacities, flatten_ids, start, px[lo:hi], py[lo:hi],
-                    last[lo:hi], trans[lo:hi],
-                )  # fmt: skip
+                replay_transmittance(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
+                                     last[lo:hi], trans[lo:hi])
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)
@@ -391,10 +377,6 @@ def backward_kernel(
                 v_a[p] = v_a[p] * t_final[p]
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
-        gauss = np.empty(SUB_PIXELS, dt)
-        t_k = np.empty(SUB_PIXELS, dt)
-        inv_1ma = np.empty(SUB_PIXELS, dt)
-        v_alpha = np.empty(SUB_PIXELS, dt)
         # slices of SUB_PIXELS pixels, each on its own; part[k] sums them in slice order
         for sub in range(n_sub):
             lo = sub * SUB_PIXELS
@@ -403,48 +385,13 @@ def backward_kernel(
             if live[lo:hi].sum() == 0:
                 continue
             if per_splat:
-                tile_per_splat(
-                    means2d,
-                    conics,
-                    colors,
-                    opacities,
-                    flatten_ids,
-                    start,
-                    end,
-                    px[lo:hi],
-                    py[lo:hi],
-                    live[lo:hi],
-                    trans[lo:hi],
-                    v_c[sub],
-                    v_a[lo:hi],
-                    state[sub],
-                    gauss[:m],
-                    t_k[:m],
-                    inv_1ma[:m],
-                    v_alpha[:m],
-                    part,
-                )
+                tile_per_splat(loc, s_first, s_last, sub, start, n_k, px[lo:hi], py[lo:hi],
+                               live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], part)
             else:
-                tile_per_pixel(
-                    means2d,
-                    conics,
-                    colors,
-                    opacities,
-                    flatten_ids,
-                    start,
-                    px[lo:hi],
-                    py[lo:hi],
-                    last[lo:hi],
-                    trans[lo:hi],
-                    v_c[sub],
-                    v_a[lo:hi],
-                    state[sub],
-                    gauss[:m],
-                    t_k[:m],
-                    inv_1ma[:m],
-                    v_alpha[:m],
-                    part,
-                )
+                tile_per_pixel(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
+                               last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], part)
 
 
 @njit(cache=True, error_model="numpy")
@@ -536,9 +483,11 @@ def backward(
     v_render_alphas: torch.Tensor,  # [I, H, W, 1]
     absgrad: bool,
     scheme: str,
+    colors_lo: torch.Tensor | None,  # [I, H, W, D], the forward's extra tensor
 ) -> tuple[torch.Tensor | None, ...]:
     """Returns v_means2d [G, 2], v_conics [G, 3], v_colors [G, D], v_opacities [G],
-    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None."""
+    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None. colors_lo: see
+    ``rasterize_fwd.forward`` (per_splat starts from render_colors alone without it)."""
     if scheme not in ("per_pixel", "per_splat"):
         raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
     n_img, th, tw = isect_offsets.shape
@@ -564,7 +513,10 @@ def backward(
         tile_size,
         view(isect_offsets),
         view(flatten_ids),
+        splat_bounds(means2d, conics, opacities),
+        max_tile_len(isect_offsets, n),
         view(render_colors),
+        view(colors_lo) if colors_lo is not None else np.zeros((0, 0, 0, n_ch), np_dt),
         view(render_alphas).reshape(n_img, height, width),
         view(last_ids),
         view(v_render_colors),

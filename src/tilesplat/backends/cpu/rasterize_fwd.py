@@ -18,6 +18,7 @@ from numba import njit
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
 from ..scalar_math import like
 from ._common import alloc, parallel_for, sm, view
+from .cull import gather_tile, max_tile_len, splat_bounds
 
 # A tile is composited in slices of SUB_PIXELS pixels (4 rows of a 16 x 16 tile), each stopping
 # on its own when its pixels are done: the lanes of finished pixels idle for less long. The
@@ -41,44 +42,33 @@ def init_tile_pixels(tx, ty, tile_size, width, height, px, py, live):
 
 
 @njit(cache=True, error_model="numpy")
-def blend_tile(
-    means2d,
-    conics,
-    colors,
-    opacities,
-    flatten_ids,
-    start,
-    end,
-    px,
-    py,
-    live,
-    trans,
-    last,
-    weight,
-    acc,
-):
-    """Composites intersections start..end-1 front to back into one tile's pixel state.
+def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, weight, acc):
+    """Composites a tile's Gaussians loc[0..n_k-1] (``cull.gather_tile`` rows; row j is
+    intersection k0 + j) front to back into the state of its pixel slice ``sub``; rows whose
+    slice range s_first..s_last excludes ``sub`` cannot reach it and are skipped.
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
-    last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] colour.
+    last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] colour
+    (float64 for float32 data: the per_splat backward subtracts from it).
     """
     n_pix = px.shape[0]
-    n_ch = colors.shape[1]
+    n_ch = acc.shape[0]
     f = trans[0]
     clamp = like(f, ALPHA_CLAMP)
     skip = like(f, ALPHA_SKIP)
     t_stop = like(f, TRANSMITTANCE_STOP)
     zero = like(f, 0.0)
     one = like(f, 1.0)
-    for k in range(start, end):
-        g = flatten_ids[k]
-        mx = means2d[g, 0]
-        my = means2d[g, 1]
-        a = conics[g, 0]
-        b = conics[g, 1]
-        c = conics[g, 2]
-        op = opacities[g]
-        k32 = np.int32(k)
+    for j in range(n_k):
+        if (sub < s_first[j]) | (sub > s_last[j]):
+            continue
+        mx = loc[j, 0]
+        my = loc[j, 1]
+        a = loc[j, 2]
+        b = loc[j, 3]
+        c = loc[j, 4]
+        op = loc[j, 5]
+        k32 = np.int32(k0 + j)
         n_live = 0
         n_hit = 0
         for p in range(n_pix):
@@ -99,7 +89,7 @@ def blend_tile(
             n_hit += np.int32(1) if hit else np.int32(0)
         if n_hit > 0:
             for d in range(n_ch):
-                cd = colors[g, d]
+                cd = loc[j, 6 + d]
                 for p in range(n_pix):
                     acc[d, p] += weight[p] * cd
         if n_live == 0:
@@ -121,9 +111,12 @@ def forward_kernel(
     tile_size,
     offsets,
     flatten_ids,
+    bounds,
+    max_len,
     out_colors,
     out_alphas,
     out_last,
+    out_lo,
 ):
     """Tiles first, first + step, ... . backgrounds [I, D] or [0, D]; masks [I, TH, TW] or
     [0, 0, 0]; out_colors [I, H, W, D], out_alphas [I, H, W], out_last [I, H, W]."""
@@ -136,6 +129,10 @@ def forward_kernel(
     has_mask = masks.shape[0] > 0
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
+    loc = np.empty((max_len, 6 + n_ch), dt)
+    s_first = np.empty(max_len, np.int32)
+    s_last = np.empty(max_len, np.int32)
+    keep_lo = out_lo.shape[0] > 0
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -153,19 +150,22 @@ def forward_kernel(
         last = np.full(n_pix, -1, np.int32)
         weight = np.empty(n_pix, dt)
         n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
-        acc = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
-        for sub in range(n_sub if end > start else 0):
+        acc = np.zeros((n_sub, n_ch, SUB_PIXELS), np.float64)
+        n_k = 0
+        if end > start:
+            n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
+                              end, tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
+        for sub in range(n_sub if n_k > 0 else 0):
             lo = sub * SUB_PIXELS
             hi = min(n_pix, lo + SUB_PIXELS)
             if live[lo:hi].sum() > 0:
                 blend_tile(
-                    means2d,
-                    conics,
-                    colors,
-                    opacities,
-                    flatten_ids,
+                    loc,
+                    s_first,
+                    s_last,
+                    sub,
                     start,
-                    end,
+                    n_k,
                     px[lo:hi],
                     py[lo:hi],
                     live[lo:hi],
@@ -184,6 +184,8 @@ def forward_kernel(
                     if has_bg:
                         v += trans[p] * backgrounds[img, d]
                     out_colors[img, y, x, d] = v
+                    if keep_lo:  # what the rounding to out_colors' dtype lost
+                        out_lo[img, y, x, d] = v - out_colors[img, y, x, d]
                 out_alphas[img, y, x] = one - trans[p]
                 out_last[img, y, x] = last[p]
 
@@ -204,14 +206,21 @@ def forward(
     tile_size: int,
     isect_offsets: torch.Tensor,  # [I, TH, TW] int32
     flatten_ids: torch.Tensor,  # [n] int32
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W]."""
+    scheme: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] and,
+    for a per_splat backward of float32 data, colors_lo [I, H, W, D]: what rounding the
+    float64 sum of the colours to float32 lost (render_colors + colors_lo is that sum to ~48
+    bits; the backward subtracts contributions from it). None otherwise."""
     n_img = isect_offsets.shape[0]
     n_ch = colors.shape[1]
     dt = means2d.dtype
     out_colors = alloc((n_img, height, width, n_ch), dt)
     out_alphas = alloc((n_img, height, width, 1), dt)
     out_last = alloc((n_img, height, width), torch.int32)
+    out_lo = None
+    if scheme == "per_splat" and dt != torch.float64:
+        out_lo = alloc((n_img, height, width, n_ch), dt)
     np_dt = view(means2d).dtype
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
     mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
@@ -229,8 +238,11 @@ def forward(
         tile_size,
         view(isect_offsets),
         view(flatten_ids),
+        splat_bounds(means2d, conics, opacities),
+        max_tile_len(isect_offsets, flatten_ids.shape[0]),
         view(out_colors),
         view(out_alphas).reshape(n_img, height, width),
         view(out_last),
+        view(out_lo) if out_lo is not None else np.zeros((0, 0, 0, n_ch), np_dt),
     )
-    return out_colors, out_alphas, out_last
+    return out_colors, out_alphas, out_last, out_lo

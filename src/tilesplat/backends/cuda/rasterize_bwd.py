@@ -416,8 +416,10 @@ def rasterize_to_pixels_bwd(
     v_render_alphas: torch.Tensor,  # [I, H, W, 1]
     absgrad: bool,
     scheme: str,
+    extra: None,
 ) -> tuple:
-    """Launcher: returns (v_means2d [G,2], v_conics [G,3], v_colors [G,D], v_opacities [G],
+    """Launcher (``extra``: the forward's, always None here): returns (v_means2d [G,2],
+    v_conics [G,3], v_colors [G,D], v_opacities [G],
     v_backgrounds [I,D] | None, absgrad_means2d [G,2] | None)."""
     n_images, th, tw = isect_offsets.shape
     channels = colors.shape[-1]

@@ -150,8 +150,11 @@ def rasterize_to_pixels_fwd(
     tile_size: int,
     isect_offsets: torch.Tensor,  # [I, TH, TW] int32
     flatten_ids: torch.Tensor,  # [n] int32
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launcher: returns render_colors [I,H,W,D], render_alphas [I,H,W,1], last_ids [I,H,W]."""
+    scheme: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    """Launcher: returns render_colors [I,H,W,D], render_alphas [I,H,W,1], last_ids [I,H,W]
+    and no extra tensor for the backward (whose per_splat scheme starts from render_colors)."""
+    del scheme
     n_images, th, tw = isect_offsets.shape
     channels = colors.shape[-1]
     dtype, device = means2d.dtype, means2d.device
@@ -159,7 +162,7 @@ def rasterize_to_pixels_fwd(
     out_alphas = empty((n_images, height, width, 1), dtype, device)
     out_last = empty((n_images, height, width), torch.int32, device)
     if n_images == 0 or width == 0 or height == 0:
-        return out_colors, out_alphas, out_last
+        return out_colors, out_alphas, out_last, None
     n = flatten_ids.shape[0]
     ids = flatten_ids if n > 0 else torch.zeros(1, dtype=torch.int32, device=device)
     kernel = _kernel(float_type(dtype), tile_size, channels)
@@ -170,4 +173,4 @@ def rasterize_to_pixels_fwd(
         width, height, view(isect_offsets.reshape(-1)), view(ids), n,
         view(out_colors), view(out_alphas), view(out_last),
     )  # fmt: skip
-    return out_colors, out_alphas, out_last
+    return out_colors, out_alphas, out_last, None

@@ -136,19 +136,22 @@ def composite(means2d, conics, colors, opacities, backgrounds, masks, width, hei
 
 
 def forward(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
-            isect_offsets, flatten_ids):
+            isect_offsets, flatten_ids, scheme):
+    """render_colors, render_alphas, last_ids and no extra tensor for the backward (which
+    recomputes)."""
+    del scheme
     with torch.no_grad():
-        return composite(means2d, conics, colors, opacities, backgrounds, masks, width, height,
-                         tile_size, isect_offsets, flatten_ids)
+        return *composite(means2d, conics, colors, opacities, backgrounds, masks, width, height,
+                          tile_size, isect_offsets, flatten_ids), None
 
 
 def backward(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
              isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
-             v_render_colors, v_render_alphas, absgrad, scheme):
+             v_render_colors, v_render_alphas, absgrad, scheme, extra):
     """Both schemes are autograd's gradient of :func:`composite`, taken bucket by bucket
     (buckets own disjoint pixels, so their vector-Jacobian products simply add up), which
     keeps memory at one bucket's graph."""
-    del render_colors, render_alphas, last_ids, scheme
+    del render_colors, render_alphas, last_ids, scheme, extra
     I, TH, TW = isect_offsets.shape
     D = colors.shape[-1]
     starts, counts = _tile_lists(isect_offsets, flatten_ids.shape[0], masks)
