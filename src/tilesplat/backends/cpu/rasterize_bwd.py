@@ -42,9 +42,10 @@ SUMS = {"reassoc", "nsz"}
 
 
 @njit(cache=True, fastmath=SUMS, error_model="numpy")
-def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part):
+def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part):
     """Adds the gradient of intersection k from these pixels to its row part[k]: means2d,
-    conic and opacity (summed over the pixels) and |d loss / d means2d|."""
+    conic, opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and
+    |d loss / d means2d|."""
     n_pix = px.shape[0]
     f = gauss[0]
     zero = like(f, 0.0)
@@ -84,9 +85,15 @@ def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part):
     part[k, C_OP] += s_op
     part[k, C_ABSX] += s_ax
     part[k, C_ABSY] += s_ay
+    for d in range(v_c.shape[0]):
+        s_col = zero
+        for p in range(n_pix):
+            s_col += w[p] * v_c[d, p]
+        part[k, N_FIXED + d] += s_col
 
 
-@njit(cache=True, error_model="numpy")
+# inlined into the tile loops (one call fewer per pair; it has no fast-math to keep apart)
+@njit(cache=True, inline="always", error_model="numpy")
 def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per_splat):
     """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]) and the colour state.
 
@@ -114,16 +121,6 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per
             v_alpha[p] += v_c[d, p] * (cd * t_k[p] - state[d, p] * inv_1ma[p])
             if not per_splat:
                 state[d, p] += w[p] * cd
-
-
-@njit(cache=True, fastmath=SUMS, error_model="numpy")
-def color_grads(k, w, v_c, part):
-    """part[k, N_FIXED + d] += sum over the pixels of w [P] * v_c [d, P]."""
-    for d in range(v_c.shape[0]):
-        s_col = like(w[0], 0.0)
-        for p in range(w.shape[0]):
-            s_col += w[p] * v_c[d, p]
-        part[k, N_FIXED + d] += s_col
 
 
 @njit(cache=True, error_model="numpy")
@@ -205,8 +202,7 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
         if n_hit == 0:
             continue
         color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, v_alpha, False)
-        color_grads(k, w, v_c, part)
-        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
+        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part)
 
 
 @njit(cache=True, error_model="numpy")
@@ -258,8 +254,7 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
         if n_hit > 0:
             k = k0 + j
             color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, v_alpha, True)
-            color_grads(k, w, v_c, part)
-            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, part)
+            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part)
         if n_live == 0:
             break
 
