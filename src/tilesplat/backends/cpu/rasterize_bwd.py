@@ -2,12 +2,17 @@
 
 ``per_pixel``: each pixel walks its tile's list back to front from its ``last_id``, recovering T
 before each Gaussian by dividing by (1 - alpha), with the colour behind it accumulated. The walk
-starts from T_final recomputed as the forward did (a product pass up to ``last_id``):
+starts from the T_final the forward computed, which the forward keeps for it:
 ``1 - render_alphas`` has lost the low bits of a small T in float32, and every recovered T (so
 every gradient of the pixel) would inherit that error, up to ~1e-3 relative.
 ``per_splat``: the tile's Gaussians are replayed front to back with per-pixel state (running T,
 live mask and the colour still to come, ``C_final - accumulated``), deciding skip / stop exactly
-as the forward did; T needs no division and ``last_ids`` are not read.
+as the forward did; T needs no division and ``last_ids`` are not read. C_final is the forward's
+float64 sum (render_colors plus the rounding residual the forward keeps), and the backward
+subtracts the forward's own float32 products from it, so the colour still to come is exact to
+float64 rounding even where it is a tiny difference of large sums (saturated pixels).
+
+Both skip the (pixel slice, Gaussian) pairs that ``cull`` proves cannot contribute.
 
 Both run tile by tile over threads (``_common.parallel_for``), pixels vectorised in the inner
 loops, and write each intersection's gradient (summed over the tile's pixels in a fixed order)
@@ -124,38 +129,6 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per
 
 
 @njit(cache=True, error_model="numpy")
-def replay_transmittance(loc, s_first, s_last, sub, k0, px, py, last, trans):
-    """trans [P] *= (1 - alpha) over each pixel's contributing rows up to its last_id, front to
-    back with the forward's arithmetic: the forward's T_final, bit for bit. loc, s_first,
-    s_last: the tile's rows (``cull.gather_tile``; row j is intersection k0 + j); sub: this
-    slice."""
-    f = trans[0]
-    zero = like(f, 0.0)
-    one = like(f, 1.0)
-    skip = like(f, ALPHA_SKIP)
-    clamp = like(f, ALPHA_CLAMP)
-    k_max = -1
-    for p in range(px.shape[0]):
-        k_max = max(k_max, last[p])
-    for j in range(k_max - k0 + 1):
-        if (sub < s_first[j]) | (sub > s_last[j]):
-            continue
-        mx = loc[j, 0]
-        my = loc[j, 1]
-        a = loc[j, 2]
-        b = loc[j, 3]
-        c = loc[j, 4]
-        op = loc[j, 5]
-        k32 = np.int32(k0 + j)
-        for p in range(px.shape[0]):
-            s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
-            alpha = min(clamp, op * sm.exp_neg(s))
-            hit = (k32 <= last[p]) & (s >= zero) & (alpha >= skip)
-            t = trans[p]
-            trans[p] = t * (one - alpha) if hit else t
-
-
-@njit(cache=True, error_model="numpy")
 def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a, behind, gauss,
                    t_k, w, inv_1ma, v_alpha, part):
     """Back to front over a slice ``sub`` of P pixels of a tile, from its largest last_id down
@@ -184,7 +157,7 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
         b = loc[j, 3]
         c = loc[j, 4]
         op = loc[j, 5]
-        n_hit = 0
+        n_hit = np.int32(0)  # int32: an int64 sum would halve the vector width
         k = k0 + j
         k32 = np.int32(k)
         for p in range(n_pix):
@@ -198,7 +171,7 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
             trans[p] = t if hit else trans[p]
             t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
             gauss[p] = ge
-            n_hit += np.int32(1) if hit else np.int32(0)
+            n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
         if n_hit == 0:
             continue
         color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, v_alpha, False)
@@ -232,8 +205,8 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
         b = loc[j, 3]
         c = loc[j, 4]
         op = loc[j, 5]
-        n_hit = 0
-        n_live = 0
+        n_hit = np.int32(0)
+        n_live = np.int32(0)  # int32 counters: an int64 sum would halve the vector width
         for p in range(n_pix):
             dx = mx - px[p]
             dy = my - py[p]
@@ -249,8 +222,8 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
             live[p] = np.int32(0) if stop else live[p]
             t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
             gauss[p] = ge
-            n_hit += np.int32(1) if hit else np.int32(0)
-            n_live += live[p]
+            n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
+            n_live = np.int32(n_live + live[p])
         if n_hit > 0:
             k = k0 + j
             color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, v_alpha, True)
@@ -278,6 +251,7 @@ def backward_kernel(
     max_len,
     render_colors,
     colors_lo,
+    trans_final,
     render_alphas,
     last_ids,
     v_colors_img,
@@ -289,7 +263,8 @@ def backward_kernel(
     """Tiles first, first + step, ...; fills part [n, 8 + D] (rows of the tile's intersections)
     and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final). bounds [G, 4]:
     ``cull.splat_bounds``; max_len: the longest tile list; colors_lo [I, H, W, D] or [0, 0, 0,
-    D]: the forward's rounding residual of render_colors (per_splat)."""
+    D]: the forward's rounding residual of render_colors (per_splat); trans_final [I, H, W] or
+    [0, 0, 0]: the forward's final transmittances (per_pixel)."""
     n_img, th, tw = offsets.shape
     n_tiles = n_img * th * tw
     n_ch = colors.shape[1]
@@ -360,11 +335,10 @@ def backward_kernel(
         if not per_splat:
             # T_final as the forward computed it (1 - render_alphas loses its low bits in
             # float32 when T is small, and every T the back-to-front walk recovers scales it)
-            for sub in range(n_sub):
-                lo = sub * SUB_PIXELS
-                hi = min(n_pix, lo + SUB_PIXELS)
-                replay_transmittance(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
-                                     last[lo:hi], trans[lo:hi])
+            for p in range(n_pix):
+                if live[p] != 0:
+                    trans[p] = trans_final[img, ty * tile_size + p // tile_size,
+                                           tx * tile_size + p % tile_size]
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)
@@ -478,13 +452,17 @@ def backward(
     v_render_alphas: torch.Tensor,  # [I, H, W, 1]
     absgrad: bool,
     scheme: str,
-    colors_lo: torch.Tensor | None,  # [I, H, W, D], the forward's extra tensor
+    extra: torch.Tensor | None,  # the forward's: [I, H, W] or [I, H, W, D]
 ) -> tuple[torch.Tensor | None, ...]:
     """Returns v_means2d [G, 2], v_conics [G, 3], v_colors [G, D], v_opacities [G],
-    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None. colors_lo: see
-    ``rasterize_fwd.forward`` (per_splat starts from render_colors alone without it)."""
+    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None. extra: what
+    ``rasterize_fwd.forward`` kept for this scheme (per_pixel: the final transmittances;
+    per_splat: the colours' rounding residual, None for float64 data)."""
     if scheme not in ("per_pixel", "per_splat"):
         raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
+    if scheme == "per_pixel" and extra is None:
+        raise ValueError("the per_pixel backward needs the final transmittances its forward "
+                         "kept (rasterize_fwd.forward with scheme='per_pixel')")
     n_img, th, tw = isect_offsets.shape
     n_gauss, n_ch = colors.shape
     n = flatten_ids.shape[0]
@@ -511,7 +489,9 @@ def backward(
         splat_bounds(means2d, conics, opacities),
         max_tile_len(isect_offsets, n),
         view(render_colors),
-        view(colors_lo) if colors_lo is not None else np.zeros((0, 0, 0, n_ch), np_dt),
+        view(extra) if scheme == "per_splat" and extra is not None
+        else np.zeros((0, 0, 0, n_ch), np_dt),
+        view(extra) if scheme == "per_pixel" else np.zeros((0, 0, 0), np_dt),
         view(render_alphas).reshape(n_img, height, width),
         view(last_ids),
         view(v_render_colors),

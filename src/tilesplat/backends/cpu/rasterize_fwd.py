@@ -69,8 +69,8 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
         c = loc[j, 4]
         op = loc[j, 5]
         k32 = np.int32(k0 + j)
-        n_live = 0
-        n_hit = 0
+        n_live = np.int32(0)  # int32 counters: an int64 sum would halve the vector width
+        n_hit = np.int32(0)
         for p in range(n_pix):
             dx = mx - px[p]
             dy = my - py[p]
@@ -85,8 +85,8 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
             trans[p] = t_next if hit else t
             last[p] = k32 if hit else last[p]
             live[p] = np.int32(0) if stop else live[p]
-            n_live += live[p]
-            n_hit += np.int32(1) if hit else np.int32(0)
+            n_live = np.int32(n_live + live[p])
+            n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
         if n_hit > 0:
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
@@ -117,9 +117,11 @@ def forward_kernel(
     out_alphas,
     out_last,
     out_lo,
+    out_trans,
 ):
     """Tiles first, first + step, ... . backgrounds [I, D] or [0, D]; masks [I, TH, TW] or
-    [0, 0, 0]; out_colors [I, H, W, D], out_alphas [I, H, W], out_last [I, H, W]."""
+    [0, 0, 0]; out_colors [I, H, W, D], out_alphas [I, H, W], out_last [I, H, W]; out_lo
+    [I, H, W, D] and out_trans [I, H, W] (or empty): see :func:`forward`."""
     n_img, th, tw = offsets.shape
     n_tiles = n_img * th * tw
     n_ch = colors.shape[1]
@@ -133,6 +135,7 @@ def forward_kernel(
     s_first = np.empty(max_len, np.int32)
     s_last = np.empty(max_len, np.int32)
     keep_lo = out_lo.shape[0] > 0
+    keep_trans = out_trans.shape[0] > 0
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -187,6 +190,8 @@ def forward_kernel(
                     if keep_lo:  # what the rounding to out_colors' dtype lost
                         out_lo[img, y, x, d] = v - out_colors[img, y, x, d]
                 out_alphas[img, y, x] = one - trans[p]
+                if keep_trans:
+                    out_trans[img, y, x] = trans[p]
                 out_last[img, y, x] = last[p]
 
 
@@ -208,19 +213,27 @@ def forward(
     flatten_ids: torch.Tensor,  # [n] int32
     scheme: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] and,
-    for a per_splat backward of float32 data, colors_lo [I, H, W, D]: what rounding the
-    float64 sum of the colours to float32 lost (render_colors + colors_lo is that sum to ~48
-    bits; the backward subtracts contributions from it). None otherwise."""
+    """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] and
+    what the backward of ``scheme`` needs from this pass (None when scheme is None):
+
+    - per_pixel: trans [I, H, W], each pixel's final transmittance as the loop computed it
+      (1 - render_alphas has lost its low bits when T is small, and the back-to-front walk
+      scales every T it recovers by it);
+    - per_splat, float32: colors_lo [I, H, W, D], what rounding the float64 sum of the colours
+      to float32 lost (render_colors + colors_lo is that sum to ~48 bits; the backward
+      subtracts contributions from it). None for float64 data.
+    """
     n_img = isect_offsets.shape[0]
     n_ch = colors.shape[1]
     dt = means2d.dtype
     out_colors = alloc((n_img, height, width, n_ch), dt)
     out_alphas = alloc((n_img, height, width, 1), dt)
     out_last = alloc((n_img, height, width), torch.int32)
-    out_lo = None
+    out_lo = out_trans = None
     if scheme == "per_splat" and dt != torch.float64:
         out_lo = alloc((n_img, height, width, n_ch), dt)
+    elif scheme == "per_pixel":
+        out_trans = alloc((n_img, height, width), dt)
     np_dt = view(means2d).dtype
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
     mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
@@ -244,5 +257,6 @@ def forward(
         view(out_alphas).reshape(n_img, height, width),
         view(out_last),
         view(out_lo) if out_lo is not None else np.zeros((0, 0, 0, n_ch), np_dt),
+        view(out_trans) if out_trans is not None else np.zeros((0, 0, 0), np_dt),
     )
-    return out_colors, out_alphas, out_last, out_lo
+    return out_colors, out_alphas, out_last, out_lo if out_trans is None else out_trans
