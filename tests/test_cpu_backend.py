@@ -248,6 +248,45 @@ def test_spherical_harmonics(degree):
 
 
 @pytest.mark.parametrize(
+    "lead, coeff_lead",
+    [
+        ((3, 50), (50,)),  # every camera shares the Gaussians' coefficients (rasterization)
+        ((2, 3, 50), (2, 1, 50)),  # batch dims: cameras share within each batch entry
+        ((2, 3, 50), (1, 3, 1)),  # two broadcast runs: expanded (copied) rows
+        ((3, 50), (3, 50)),  # nothing shared
+    ],
+)
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_spherical_harmonics_shared_coefficients(lead, coeff_lead, backend):
+    """Broadcast coefficients give what their explicit copy gives, gradients summed over the
+    rows that share them."""
+    g = torch.Generator().manual_seed(11)
+    dirs = torch.randn(*lead, 3, generator=g)
+    coeffs = torch.randn(*coeff_lead, 16, 3, generator=g)
+    masks = torch.rand(*lead, generator=g) > 0.2
+    v = torch.randn(*lead, 3, generator=g)
+    got = []
+    for c in (coeffs, coeffs.expand(*lead, 16, 3).contiguous()):
+        d = dirs.clone().requires_grad_(True)
+        c = c.clone().requires_grad_(True)
+        out = tilesplat.spherical_harmonics(3, d, c, masks=masks, backend=backend)
+        (out * v).sum().backward()
+        got.append((out, d.grad, c.grad))
+    (out_s, vd_s, vc_s), (out_e, vd_e, vc_e) = got
+    assert_close("colors", out_s, out_e, 1e-6, 1e-6)
+    assert_close("v_dirs", vd_s, vd_e, 1e-6, 1e-6)
+    aligned = (1,) * (len(lead) - len(coeff_lead)) + coeff_lead
+    dims = [i for i in range(len(lead)) if aligned[i] != lead[i]]  # the broadcast ones
+    summed = vc_e.sum(dim=dims, keepdim=True) if dims else vc_e
+    assert_close("v_coeffs", vc_s, summed.reshape(vc_s.shape), 1e-5, 1e-5)
+
+
+def test_spherical_harmonics_coefficients_must_broadcast():
+    with pytest.raises(ValueError, match=r"leading dims broadcastable to dirs' \[3, 50\]"):
+        tilesplat.spherical_harmonics(1, torch.ones(3, 50, 3), torch.ones(2, 50, 4, 3))
+
+
+@pytest.mark.parametrize(
     "camera_model, kw",
     [
         ("pinhole", dict(calc_compensations=True, use_opacities=True)),

@@ -208,8 +208,8 @@ def rasterization(
                    else colors.reshape(B, N, K, 3)[batch_ids, gaussian_ids])
         else:
             dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
-            shs = colors if per_view else torch.broadcast_to(
-                colors[..., None, :, :, :], (*batch_dims, C, N, K, 3))
+            # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied
+            shs = colors if per_view else colors[..., None, :, :, :]
         masks = (radii > 0).all(dim=-1)
         colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
         colors = torch.clamp_min(colors + 0.5, 0.0)

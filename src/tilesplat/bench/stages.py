@@ -130,7 +130,7 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
         )
         campos = torch.inverse(viewmats)[:, :3, 3]  # [C, 3]
         dirs = leaves["means"][None, :, :] - campos[:, None, :]  # [C, N, 3]
-        sh = leaves["sh_coeffs"][None].expand(C, -1, -1, -1)  # [C, N, K, 3]
+        sh = leaves["sh_coeffs"][None]  # [1, N, K, 3]: shared by the cameras, as rasterization
         colors = spherical_harmonics(
             inp.sh_degree, dirs, sh, masks=(radii > 0).all(dim=-1), backend=b
         )

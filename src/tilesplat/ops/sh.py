@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -12,18 +14,37 @@ from .validation import Shapes, check_finite, check_int_at_least, check_tensor, 
 
 class _SphericalHarmonics(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, impl, degree, dirs, coeffs, masks):
-        ctx.impl, ctx.degree = impl, degree
+    def forward(ctx, impl, degree, dirs, coeffs, masks, rows):
+        ctx.impl, ctx.degree, ctx.rows = impl, degree, rows
         ctx.save_for_backward(dirs, coeffs, masks)
-        return impl.forward(degree, dirs, coeffs, masks)
+        return impl.forward(degree, dirs, coeffs, masks, rows)
 
     @staticmethod
     def backward(ctx, v_colors):
         dirs, coeffs, masks = ctx.saved_tensors
         v_dirs, v_coeffs = ctx.impl.backward(
-            ctx.degree, dirs, coeffs, masks, v_colors.contiguous(), ctx.needs_input_grad[2]
+            ctx.degree, dirs, coeffs, masks, ctx.rows, v_colors.contiguous(),
+            ctx.needs_input_grad[2],
         )
-        return None, None, v_dirs, v_coeffs, None
+        return None, None, v_dirs, v_coeffs, None, None
+
+
+def _shared_rows(coeffs: Tensor, lead: tuple[int, ...]) -> tuple[Tensor, tuple[int, int]]:
+    """coeffs [..., K, 3] (leading dims broadcastable to ``lead``) as coefficient rows [Nb, K, 3]
+    and the row map ``(inner, reps)`` of ``backends/sh_rows.py``.
+
+    When the broadcast dimensions of coeffs form one contiguous run (e.g. [N, K, 3] or
+    [B, 1, N, K, 3] for [B, C, N] evaluations: every camera shares the coefficients), they
+    are not copied; otherwise coeffs are expanded to one row per evaluation."""
+    M = math.prod(lead)
+    K = coeffs.shape[-2]
+    clead = (1,) * (len(lead) - coeffs.dim() + 2) + tuple(coeffs.shape[:-2])
+    bcast = [i for i, (a, b) in enumerate(zip(clead, lead, strict=True)) if a != b]
+    if M and bcast and bcast == list(range(bcast[0], bcast[-1] + 1)):
+        inner = math.prod(lead[bcast[-1] + 1:])
+        reps = math.prod(lead[bcast[0]:bcast[-1] + 1])
+        return coeffs.reshape(-1, K, 3).contiguous(), (inner, reps)
+    return coeffs.expand(*lead, K, 3).reshape(M, K, 3).contiguous(), (max(M, 1), 1)
 
 
 def spherical_harmonics(
@@ -39,7 +60,9 @@ def spherical_harmonics(
     Args:
         degrees_to_use: SH degree; uses the first (degree+1)² of the K coefficients.
         dirs: view directions, normalised inside. [..., 3]
-        coeffs: SH coefficients. [..., K, 3] with K >= (degree+1)²
+        coeffs: SH coefficients. [..., K, 3] with K >= (degree+1)²; the leading dims may
+            broadcast to dirs' (e.g. [N, K, 3] for dirs [C, N, 3]: every camera shares them,
+            without a copy; gsplat requires equal leading dims).
         masks: optional bool mask; masked-out entries return 0. [...]
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (default: the current backend).
 
@@ -53,23 +76,35 @@ def spherical_harmonics(
     check_tensor("coeffs", coeffs)
     s = Shapes()
     s.check("dirs", dirs, "..., 3")
-    s.check("coeffs", coeffs, "..., K, 3")
+    lead = tuple(dirs.shape[:-1])
+    if coeffs.dim() < 2 or coeffs.shape[-1] != 3 or not _broadcasts(coeffs.shape[:-2], lead):
+        raise ValueError(
+            f"expected coeffs [..., K, 3] with leading dims broadcastable to dirs' {list(lead)}, "
+            f"got {list(coeffs.shape)}"
+        )
     need = (degree + 1) ** 2
-    if s["K"] < need:
+    K = coeffs.shape[-2]
+    if K < need:
         raise ValueError(
             f"expected coeffs [..., K, 3] with K >= {need} for degree {degree}, "
-            f"got K = {s['K']} (shape {tuple(coeffs.shape)})"
+            f"got K = {K} (shape {tuple(coeffs.shape)})"
         )
     if masks is not None:
         check_tensor("masks", masks, "bool")
         s.check("masks", masks, "...")
     _, device = common_float({"dirs": dirs, "coeffs": coeffs, "masks": masks})
     check_finite({"dirs": dirs, "coeffs": coeffs})
-    lead = dirs.shape[:-1]
     _, impl = resolve("spherical_harmonics", device, backend)
+    rows_coeffs, rows = _shared_rows(coeffs, lead)
     colors = _SphericalHarmonics.apply(
-        impl, degree, dirs.reshape(-1, 3).contiguous(),
-        coeffs.reshape(-1, s["K"], 3).contiguous(),
-        None if masks is None else masks.reshape(-1).contiguous(),
+        impl, degree, dirs.reshape(-1, 3).contiguous(), rows_coeffs,
+        None if masks is None else masks.reshape(-1).contiguous(), rows,
     )
     return colors.reshape(*lead, 3)
+
+
+def _broadcasts(shape: torch.Size, lead: tuple[int, ...]) -> bool:
+    """True when ``shape`` broadcasts to exactly ``lead``."""
+    if len(shape) > len(lead):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], lead[::-1], strict=False))

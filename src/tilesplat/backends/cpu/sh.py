@@ -1,7 +1,10 @@
 """CPU kernels: real spherical harmonics of degree 0-4 (``spherical_harmonics``).
 
 Blocks of rows over threads (``_common.parallel_for``); the basis and its gradient are
-``scalar_math``'s.
+``scalar_math``'s. Coefficients are read through the row map of ``backends/sh_rows.py`` (one
+block of coefficients shared by ``reps`` blocks of evaluation rows, e.g. every camera); the
+backward runs over coefficient rows and sums their evaluation rows in order, so it needs no
+atomics and no [M, K, 3] buffer.
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ def unit(dirs, m):
 
 
 @njit(cache=True, error_model="numpy")
-def forward_row(degree, dirs, coeffs, masks, colors, m):
-    """colors[m] from row m."""
+def coeff_row(m, inner, reps):
+    """The coefficient row of evaluation row m (``backends/sh_rows.py``)."""
+    return (m // (reps * inner)) * inner + m % inner
+
+
+@njit(cache=True, error_model="numpy")
+def forward_row(degree, dirs, coeffs, masks, colors, m, c):
+    """colors[m] from direction m and coefficient row c."""
     n_basis = (degree + 1) * (degree + 1)
     zero = like(dirs[m, 0], 0.0)
     r = zero
@@ -38,26 +47,27 @@ def forward_row(degree, dirs, coeffs, masks, colors, m):
         basis = sm.sh_basis(degree, x, y, z)
         for k in range(n_basis):
             bk = basis[k]
-            r += bk * coeffs[m, k, 0]
-            g += bk * coeffs[m, k, 1]
-            b += bk * coeffs[m, k, 2]
+            r += bk * coeffs[c, k, 0]
+            g += bk * coeffs[c, k, 1]
+            b += bk * coeffs[c, k, 2]
     colors[m, 0] = r
     colors[m, 1] = g
     colors[m, 2] = b
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def forward_kernel(first, step, degree, dirs, coeffs, masks, colors):
-    """colors [M, 3]; masks [M] or [0]; blocks first, first + step, ..."""
+def forward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, colors):
+    """colors [M, 3]; masks [M] or [0]; blocks first, first + step, ... of rows."""
     n = dirs.shape[0]
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            forward_row(degree, dirs, coeffs, masks, colors, m)
+            forward_row(degree, dirs, coeffs, masks, colors, m, coeff_row(m, inner, reps))
 
 
 @njit(cache=True, error_model="numpy")
-def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m):
-    """Gradients of row m; gk [25] scratch."""
+def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m, c, add):
+    """Gradients of evaluation row m, whose coefficients are row c: v_dirs[m], and v_coeffs[c]
+    set (add False) or added to (add True); gk [25] scratch."""
     n_basis = (degree + 1) * (degree + 1)
     zero = like(dirs[m, 0], 0.0)
     on = masks.shape[0] == 0 or masks[m]
@@ -66,16 +76,21 @@ def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m)
     vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
     for k in range(coeffs.shape[1]):
         bk = basis[k] if (on and k < n_basis) else zero
-        v_coeffs[m, k, 0] = bk * vr
-        v_coeffs[m, k, 1] = bk * vg
-        v_coeffs[m, k, 2] = bk * vb
+        if add:
+            v_coeffs[c, k, 0] += bk * vr
+            v_coeffs[c, k, 1] += bk * vg
+            v_coeffs[c, k, 2] += bk * vb
+        else:
+            v_coeffs[c, k, 0] = bk * vr
+            v_coeffs[c, k, 1] = bk * vg
+            v_coeffs[c, k, 2] = bk * vb
     if v_dirs.shape[0] == 0:
         return
     if on and degree > 0:
         for k in range(25):
             gk[k] = zero
         for k in range(n_basis):
-            gk[k] = coeffs[m, k, 0] * vr + coeffs[m, k, 1] * vg + coeffs[m, k, 2] * vb
+            gk[k] = coeffs[c, k, 0] * vr + coeffs[c, k, 1] * vg + coeffs[c, k, 2] * vb
         gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
         vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
         v_dirs[m, 0] = vx
@@ -88,13 +103,18 @@ def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def backward_kernel(first, step, degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs):
-    """v_coeffs [M, K, 3]; v_dirs [M, 3] or [0, 3]; blocks first, first + step, ..."""
-    n = dirs.shape[0]
+def backward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, v_colors, v_dirs,
+                    v_coeffs):
+    """v_coeffs [Nb, K, 3]; v_dirs [M, 3] or [0, 3]; blocks first, first + step, ... of
+    coefficient rows, each summing its evaluation rows in increasing order."""
+    n = coeffs.shape[0]
     gk = np.zeros(25, dirs.dtype)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
-        for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m)
+        for c in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            m0 = (c // inner) * (reps * inner) + c % inner
+            for i in range(reps):
+                backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk,
+                             m0 + i * inner, c, i > 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,31 +124,35 @@ def backward_kernel(first, step, degree, dirs, coeffs, masks, v_colors, v_dirs, 
 def forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [M, K, 3]
+    coeffs: torch.Tensor,  # [Nb, K, 3]
     masks: torch.Tensor | None,  # [M] bool
+    rows: tuple[int, int],
 ) -> torch.Tensor:
-    """Returns colors [M, 3] (masked-out rows 0)."""
+    """Returns colors [M, 3] (masked-out rows 0); coeffs read through ``rows``
+    (``backends/sh_rows.py``)."""
     colors = alloc((dirs.shape[0], 3), dirs.dtype)
     mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
-    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), mk, view(colors))
+    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), mk, rows[0],
+                 rows[1], view(colors))
     return colors
 
 
 def backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [M, K, 3]
+    coeffs: torch.Tensor,  # [Nb, K, 3]
     masks: torch.Tensor | None,  # [M] bool
+    rows: tuple[int, int],
     v_colors: torch.Tensor,  # [M, 3]
     need_v_dirs: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Returns v_dirs [M, 3] (or None), v_coeffs [M, K, 3]."""
+    """Returns v_dirs [M, 3] (or None), v_coeffs [Nb, K, 3]."""
     v_coeffs = alloc(tuple(coeffs.shape), coeffs.dtype)
     v_dirs = alloc((dirs.shape[0], 3), dirs.dtype) if need_v_dirs else None
     mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     np_dt = view(dirs).dtype
-    n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
+    n_blocks = (coeffs.shape[0] + BLOCK - 1) // BLOCK
     parallel_for(
         backward_kernel,
         n_blocks,
@@ -136,6 +160,8 @@ def backward(
         view(dirs),
         view(coeffs),
         mk,
+        rows[0],
+        rows[1],
         view(v_colors.contiguous()),
         view(v_dirs) if v_dirs is not None else np.zeros((0, 3), np_dt),
         view(v_coeffs),

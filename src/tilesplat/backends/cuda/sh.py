@@ -8,6 +8,7 @@ from functools import cache
 import torch
 from numba import cuda
 
+from ..sh_rows import expand_rows, reduce_rows
 from .device_math import device_math
 from .runtime import cdiv, empty, float_type, optional, stream, view
 
@@ -92,10 +93,13 @@ def _bwd_kernel(ft: type):
 def sh_forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [M, K, 3]
+    coeffs: torch.Tensor,  # [Nb, K, 3]
     masks: torch.Tensor | None,  # [M] bool
+    rows: tuple[int, int],
 ) -> torch.Tensor:
-    """Launcher: colors [M, 3] (masked-out rows are 0)."""
+    """Launcher: colors [M, 3] (masked-out rows are 0); coeffs read through ``rows``
+    (``backends/sh_rows.py``, expanded here)."""
+    coeffs = expand_rows(coeffs, rows).contiguous()
     M = dirs.shape[0]
     colors = empty((M, 3), dirs.dtype, dirs.device)
     if M > 0:
@@ -109,12 +113,14 @@ def sh_forward(
 def sh_backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [M, K, 3]
+    coeffs: torch.Tensor,  # [Nb, K, 3]
     masks: torch.Tensor | None,  # [M] bool
+    rows: tuple[int, int],
     v_colors: torch.Tensor,  # [M, 3]
     need_v_dirs: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Launcher: (v_dirs [M, 3] | None, v_coeffs [M, K, 3])."""
+    """Launcher: (v_dirs [M, 3] | None, v_coeffs [Nb, K, 3])."""
+    coeffs = expand_rows(coeffs, rows).contiguous()
     M = dirs.shape[0]
     v_coeffs = torch.zeros_like(coeffs)
     v_dirs = torch.zeros_like(dirs) if need_v_dirs else None
@@ -124,4 +130,4 @@ def sh_backward(
             masks is not None, view(v_colors.contiguous()), bool(need_v_dirs), view(v_coeffs),
             optional(v_dirs, dirs, 2),
         )  # fmt: skip
-    return v_dirs, v_coeffs
+    return v_dirs, reduce_rows(v_coeffs, rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..sh_rows import expand_rows
 from ._vjp import recompute
 
 # Normalisation constants, band by band (standard real-SH values).
@@ -78,15 +79,17 @@ def evaluate(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor | None) ->
     return colors
 
 
-def forward(degree, dirs, coeffs, masks):
-    return evaluate(degree, dirs, coeffs, masks)
+def forward(degree, dirs, coeffs, masks, rows):
+    """colors [M, 3] of dirs [M, 3] and coeffs [Nb, K, 3] read through ``rows``
+    (``backends/sh_rows.py``)."""
+    return evaluate(degree, dirs, expand_rows(coeffs, rows), masks)
 
 
-def backward(degree, dirs, coeffs, masks, v_colors, need_v_dirs):
+def backward(degree, dirs, coeffs, masks, rows, v_colors, need_v_dirs):
     d = dirs if need_v_dirs else dirs.detach()
 
     def fn(dirs, coeffs):
-        return (evaluate(degree, dirs, coeffs, masks),)
+        return (evaluate(degree, dirs, expand_rows(coeffs, rows), masks),)
 
     if need_v_dirs:
         v_dirs, v_coeffs = recompute(fn, [d, coeffs], [v_colors])
