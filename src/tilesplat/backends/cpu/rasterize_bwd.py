@@ -47,9 +47,9 @@ SUMS = {"reassoc", "nsz"}
 
 
 @njit(cache=True, fastmath=SUMS, error_model="numpy")
-def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part):
+def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad, part):
     """Adds the gradient of intersection k from these pixels to its row part[k]: means2d,
-    conic, opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and
+    conic, opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and (absgrad)
     |d loss / d means2d|."""
     n_pix = px.shape[0]
     f = gauss[0]
@@ -80,8 +80,9 @@ def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part
         s_b += v_s * dx * dy
         s_c += half * v_s * dy * dy
         s_op += v_op
-        s_ax += abs(gx)
-        s_ay += abs(gy)
+        if absgrad:  # loop-invariant: compiled as two loops
+            s_ax += abs(gx)
+            s_ay += abs(gy)
     part[k, C_MX] += s_mx
     part[k, C_MY] += s_my
     part[k, C_A] += s_a
@@ -130,7 +131,7 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per
 
 @njit(cache=True, error_model="numpy")
 def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a, behind, gauss,
-                   t_k, w, inv_1ma, v_alpha, part):
+                   t_k, w, inv_1ma, v_alpha, absgrad, part):
     """Back to front over a slice ``sub`` of P pixels of a tile, from its largest last_id down
     to row 0; adds to the rows part[k] (k = k0 + j for row j of loc).
 
@@ -175,12 +176,13 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
         if n_hit == 0:
             continue
         color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, v_alpha, False)
-        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part)
+        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
+                       part)
 
 
 @njit(cache=True, error_model="numpy")
 def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c, v_a, ahead,
-                   gauss, t_k, w, inv_1ma, v_alpha, part):
+                   gauss, t_k, w, inv_1ma, v_alpha, absgrad, part):
     """Front to back over a slice ``sub`` of P pixels of a tile, replaying the forward's skip /
     stop decisions; adds to the rows part[k] (k = k0 + j for row j of loc).
 
@@ -227,7 +229,8 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
         if n_hit > 0:
             k = k0 + j
             color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, v_alpha, True)
-            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, part)
+            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
+                       part)
         if n_live == 0:
             break
 
@@ -257,6 +260,7 @@ def backward_kernel(
     v_colors_img,
     v_alphas_img,
     per_splat,
+    absgrad,
     part,
     bg_part,
 ):
@@ -356,11 +360,13 @@ def backward_kernel(
             if per_splat:
                 tile_per_splat(loc, s_first, s_last, sub, start, n_k, px[lo:hi], py[lo:hi],
                                live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
-                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], part)
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], absgrad,
+                               part)
             else:
                 tile_per_pixel(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
                                last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
-                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], part)
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], absgrad,
+                               part)
 
 
 @njit(cache=True, error_model="numpy")
@@ -497,6 +503,7 @@ def backward(
         view(v_render_colors),
         view(v_render_alphas).reshape(n_img, height, width),
         scheme == "per_splat",
+        absgrad,
         part,
         bg_part,
     )
