@@ -144,6 +144,18 @@ def test_rasterize_matches_reference(dtype, scheme):
     _compare(f"rasterize {scheme}", cpu, ref, dtype)
 
 
+@pytest.mark.parametrize("D", [1, 4])  # not RGB: the kernels' general channel loops
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_rasterize_channels(scheme, D):
+    W, H, ts, I = 29, 21, 16, 1
+    tensors, offsets, flat = _splats(150, I, W, H, ts, torch.float32, seed=4, D=D)
+    bg = torch.rand(I, D)
+    kw = dict(W=W, H=H, ts=ts, offsets=offsets, flatten_ids=flat, scheme=scheme)
+    ref = _grads(_raster, [*tensors, bg], "torch", **kw)
+    cpu = _grads(_raster, [*tensors, bg], "cpu", **kw)
+    _compare(f"rasterize D={D} {scheme}", cpu, ref, torch.float32)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_rasterize_absgrad_and_empty_tiles(scheme):
     W, H, ts, I = 150, 90, 16, 1

@@ -98,47 +98,86 @@ def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absg
         part[k, N_FIXED + d] += s_col
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def alpha_grad(v_a, r, t, dot, state, sub, per_splat):
+    """One pixel's d loss / d alpha and its new colour state (see :func:`color_step`).
+
+    v_a * r: the render_alphas share; t * dot: this Gaussian's own colour (dot = v_c . c);
+    state / (1 - alpha): the colour behind it (per_pixel: the state itself; per_splat: the
+    state after subtracting sub = v_c . (w c), this Gaussian's contribution). The difference
+    is taken in float64: the two colour terms nearly cancel where T is small.
+    """
+    ahead = state - sub if per_splat else state
+    f64 = np.float64
+    v = f64(v_a * r) + f64(t) * dot - ahead * f64(r)
+    return like(r, v), (ahead if per_splat else state + sub)
+
+
 # inlined into the tile loops (one call fewer per pair; it has no fast-math to keep apart)
 @njit(cache=True, inline="always", error_model="numpy")
-def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, v_alpha, per_splat):
-    """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]) and the colour state.
+def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, dot, sub, v_alpha,
+               per_splat):
+    """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]), w = alpha T and
+    1 / (1 - alpha) (w, inv_1ma [P]), and the colour state.
 
-    per_pixel: state [D, P] is the colour behind row j (summed back to front), updated after.
-    per_splat: state is the colour still to come, the pixel's float64 colour minus the rows
-    before; row j's contribution w * c is subtracted first, with the forward's own float32
-    products (w is computed exactly as the forward's weight), so what remains is exact to
-    float64 rounding. v_a [P]: the share of d loss / d alpha through render_alphas (and, per
-    pixel, the background), times (1 - alpha). w, inv_1ma [P] are filled here.
+    state [P] float64 is the pixel's remaining colour projected on its upstream gradient,
+    sum_d v_c[d] * colour_d: per_pixel, of the Gaussians behind row j (summed back to front,
+    updated after); per_splat, of the rows still to come: the forward's float64 colour minus
+    the rows before, row j's contribution subtracted first. Each contribution is the
+    forward's own float32 product w * c_d (w is computed exactly as the forward's weight), so
+    per_splat's remainder is exact to float64 rounding even when it is a tiny difference of
+    large sums. dot [P] float64, sub [P] float64: scratch (the D > 3 path).
     No fast-math: per_splat needs the forward's products bit for bit.
     """
     clamp = like(gauss[0], ALPHA_CLAMP)
     one = like(gauss[0], 1.0)
+    f64 = np.float64
+    n_ch = v_c.shape[0]
+    if n_ch == 3:  # RGB in one vectorised pass
+        c0 = loc[j, 6]
+        c1 = loc[j, 7]
+        c2 = loc[j, 8]
+        for p in range(gauss.shape[0]):
+            alpha = min(clamp, op * gauss[p])
+            r = one / (one - alpha)
+            t = t_k[p]
+            wp = alpha * t  # 0 where not hit (t_k = 0)
+            v0 = f64(v_c[0, p])
+            v1 = f64(v_c[1, p])
+            v2 = f64(v_c[2, p])
+            d_p = v0 * f64(c0) + v1 * f64(c1) + v2 * f64(c2)
+            s_p = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
+            v_alpha[p], state[p] = alpha_grad(v_a[p], r, t, d_p, state[p], s_p, per_splat)
+            inv_1ma[p] = r
+            w[p] = wp
+        return
     for p in range(gauss.shape[0]):
         alpha = min(clamp, op * gauss[p])
-        r = one / (one - alpha)
-        inv_1ma[p] = r
-        v_alpha[p] = v_a[p] * r
-        w[p] = alpha * t_k[p]  # 0 where not hit (t_k = 0)
-    for d in range(state.shape[0]):
+        inv_1ma[p] = one / (one - alpha)
+        w[p] = alpha * t_k[p]
+        dot[p] = 0.0
+        sub[p] = 0.0
+    for d in range(n_ch):
         cd = loc[j, 6 + d]
         for p in range(gauss.shape[0]):
-            if per_splat:
-                state[d, p] -= w[p] * cd
-            v_alpha[p] += v_c[d, p] * (cd * t_k[p] - state[d, p] * inv_1ma[p])
-            if not per_splat:
-                state[d, p] += w[p] * cd
+            vd = f64(v_c[d, p])
+            dot[p] += vd * f64(cd)
+            sub[p] += vd * f64(w[p] * cd)
+    for p in range(gauss.shape[0]):
+        v_alpha[p], state[p] = alpha_grad(v_a[p], inv_1ma[p], t_k[p], dot[p], state[p], sub[p],
+                                          per_splat)
 
 
 @njit(cache=True, error_model="numpy")
 def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a, behind, gauss,
-                   t_k, w, inv_1ma, v_alpha, absgrad, part):
+                   t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, part):
     """Back to front over a slice ``sub`` of P pixels of a tile, from its largest last_id down
     to row 0; adds to the rows part[k] (k = k0 + j for row j of loc).
 
     last [P] int32 (-1: no contribution or outside); trans [P] T after the current Gaussian
     (starts at T_final); v_c [D, >= P] upstream colour gradients; v_a [P] (v_alpha -
-    v_colors . background) * T_final; behind [D, >= P] colour of the Gaussians behind (starts
-    0); gauss, t_k, w, inv_1ma, v_alpha [P] scratch.
+    v_colors . background) * T_final; behind [P] float64 colour of the Gaussians behind,
+    projected on v_c (starts 0); gauss, t_k, w, inv_1ma, dot, sub64, v_alpha [P] scratch.
     """
     n_pix = px.shape[0]
     f = trans[0]
@@ -175,21 +214,22 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
             n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
         if n_hit == 0:
             continue
-        color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, v_alpha, False)
+        color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, dot, sub64, v_alpha,
+                   False)
         pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
                        part)
 
 
 @njit(cache=True, error_model="numpy")
 def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c, v_a, ahead,
-                   gauss, t_k, w, inv_1ma, v_alpha, absgrad, part):
+                   gauss, t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, part):
     """Front to back over a slice ``sub`` of P pixels of a tile, replaying the forward's skip /
     stop decisions; adds to the rows part[k] (k = k0 + j for row j of loc).
 
     live [P] int32; trans [P] running T (starts 1); v_c [D, >= P] upstream colour gradients;
-    v_a [P] v_alpha * T_final; ahead [D, >= P] float64 colour still to come (starts at the
-    forward's float64 colour, background included); gauss, t_k, w, inv_1ma, v_alpha [P]
-    scratch.
+    v_a [P] v_alpha * T_final; ahead [P] float64 colour still to come, projected on v_c
+    (starts at the forward's float64 colour, background included); gauss, t_k, w, inv_1ma,
+    dot, sub64, v_alpha [P] scratch.
     """
     n_pix = px.shape[0]
     f = trans[0]
@@ -228,7 +268,8 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
             n_live = np.int32(n_live + live[p])
         if n_hit > 0:
             k = k0 + j
-            color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, v_alpha, True)
+            color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, dot, sub64, v_alpha,
+                       True)
             pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
                        part)
         if n_live == 0:
@@ -288,6 +329,8 @@ def backward_kernel(
     w = np.empty(SUB_PIXELS, dt)
     inv_1ma = np.empty(SUB_PIXELS, dt)
     v_alpha = np.empty(SUB_PIXELS, dt)
+    dot = np.empty(SUB_PIXELS, np.float64)
+    sub64 = np.empty(SUB_PIXELS, np.float64)
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -305,8 +348,9 @@ def backward_kernel(
         v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
         v_a = np.zeros(n_pix, dt)
         last = np.full(n_pix, -1, np.int32)
-        # float64: the colour still to come (per_splat) is a difference of nearly equal sums
-        state = np.zeros((n_sub, n_ch, SUB_PIXELS), np.float64)
+        # the remaining colour projected on v_colors (color_step), float64: per_splat's is a
+        # difference of nearly equal sums
+        state = np.zeros(n_pix, np.float64)
         bg_dot = np.zeros(n_pix, dt)
         for d in range(n_ch):
             bg_part[t, d] = zero
@@ -323,9 +367,10 @@ def backward_kernel(
                     v_c[sub, d, q] = vcd
                     bg_part[t, d] += vcd * t_final[p]
                     if per_splat:
-                        state[sub, d, q] = render_colors[img, y, x, d]
+                        c_final = np.float64(render_colors[img, y, x, d])
                         if has_lo:
-                            state[sub, d, q] += colors_lo[img, y, x, d]
+                            c_final += colors_lo[img, y, x, d]
+                        state[p] += np.float64(vcd) * c_final
                     if has_bg:
                         bg_dot[p] += vcd * backgrounds[img, d]
         for k in range(start, end):
@@ -359,13 +404,15 @@ def backward_kernel(
                 continue
             if per_splat:
                 tile_per_splat(loc, s_first, s_last, sub, start, n_k, px[lo:hi], py[lo:hi],
-                               live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
-                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], absgrad,
+                               live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[lo:hi],
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], dot[:m], sub64[:m],
+                               v_alpha[:m], absgrad,
                                part)
             else:
                 tile_per_pixel(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
-                               last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[sub],
-                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], v_alpha[:m], absgrad,
+                               last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[lo:hi],
+                               gauss[:m], t_k[:m], w[:m], inv_1ma[:m], dot[:m], sub64[:m],
+                               v_alpha[:m], absgrad,
                                part)
 
 
