@@ -47,8 +47,8 @@ SUMS = {"reassoc", "nsz"}
 
 
 @njit(cache=True, fastmath=SUMS, error_model="numpy")
-def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad, part):
-    """Adds the gradient of intersection k from these pixels to its row part[k]: means2d,
+def pair_grads(j, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad, rows):
+    """Adds the gradient of the tile's row j from these pixels to rows[j]: means2d,
     conic, opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and (absgrad)
     |d loss / d means2d|."""
     n_pix = px.shape[0]
@@ -83,19 +83,19 @@ def pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absg
         if absgrad:  # loop-invariant: compiled as two loops
             s_ax += abs(gx)
             s_ay += abs(gy)
-    part[k, C_MX] += s_mx
-    part[k, C_MY] += s_my
-    part[k, C_A] += s_a
-    part[k, C_B] += s_b
-    part[k, C_C] += s_c
-    part[k, C_OP] += s_op
-    part[k, C_ABSX] += s_ax
-    part[k, C_ABSY] += s_ay
+    rows[j, C_MX] += s_mx
+    rows[j, C_MY] += s_my
+    rows[j, C_A] += s_a
+    rows[j, C_B] += s_b
+    rows[j, C_C] += s_c
+    rows[j, C_OP] += s_op
+    rows[j, C_ABSX] += s_ax
+    rows[j, C_ABSY] += s_ay
     for d in range(v_c.shape[0]):
         s_col = zero
         for p in range(n_pix):
             s_col += w[p] * v_c[d, p]
-        part[k, N_FIXED + d] += s_col
+        rows[j, N_FIXED + d] += s_col
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -170,9 +170,9 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, dot, sub, v_
 
 @njit(cache=True, error_model="numpy")
 def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a, behind, gauss,
-                   t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, part):
+                   t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, rows):
     """Back to front over a slice ``sub`` of P pixels of a tile, from its largest last_id down
-    to row 0; adds to the rows part[k] (k = k0 + j for row j of loc).
+    to row 0; adds to rows[j], the gradient row of the tile's row j (intersection k0 + j).
 
     last [P] int32 (-1: no contribution or outside); trans [P] T after the current Gaussian
     (starts at T_final); v_c [D, >= P] upstream colour gradients; v_a [P] (v_alpha -
@@ -216,15 +216,16 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
             continue
         color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, behind, dot, sub64, v_alpha,
                    False)
-        pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
-                       part)
+        pair_grads(j, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
+                       rows)
 
 
 @njit(cache=True, error_model="numpy")
 def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c, v_a, ahead,
-                   gauss, t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, part):
+                   gauss, t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, rows):
     """Front to back over a slice ``sub`` of P pixels of a tile, replaying the forward's skip /
-    stop decisions; adds to the rows part[k] (k = k0 + j for row j of loc).
+    stop decisions; adds to rows[j], the gradient row of the tile's row j (intersection
+    k0 + j).
 
     live [P] int32; trans [P] running T (starts 1); v_c [D, >= P] upstream colour gradients;
     v_a [P] v_alpha * T_final; ahead [P] float64 colour still to come, projected on v_c
@@ -267,11 +268,10 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
             n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
             n_live = np.int32(n_live + live[p])
         if n_hit > 0:
-            k = k0 + j
             color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, ahead, dot, sub64, v_alpha,
                        True)
-            pair_grads(k, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
-                       part)
+            pair_grads(j, mx, my, a, b, c, op, px, py, t_k, gauss, v_alpha, w, v_c, absgrad,
+                       rows)
         if n_live == 0:
             break
 
@@ -302,11 +302,14 @@ def backward_kernel(
     v_alphas_img,
     per_splat,
     absgrad,
+    pos,
     part,
     bg_part,
 ):
-    """Tiles first, first + step, ...; fills part [n, 8 + D] (rows of the tile's intersections)
-    and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final). bounds [G, 4]:
+    """Tiles first, first + step, ...; fills part [n, 8 + D], the gradient rows of the
+    intersections, intersection k at row pos[k] (``group_by_gaussian``: each Gaussian's rows
+    are then contiguous), and bg_part [n_tiles, D] (the tile's sum of v_render_colors *
+    T_final). A tile sums its rows in a local buffer and writes each once. bounds [G, 4]:
     ``cull.splat_bounds``; max_len: the longest tile list; colors_lo [I, H, W, D] or [0, 0, 0,
     D]: the forward's rounding residual of render_colors (per_splat); trans_final [I, H, W] or
     [0, 0, 0]: the forward's final transmittances (per_pixel)."""
@@ -331,6 +334,7 @@ def backward_kernel(
     v_alpha = np.empty(SUB_PIXELS, dt)
     dot = np.empty(SUB_PIXELS, np.float64)
     sub64 = np.empty(SUB_PIXELS, np.float64)
+    rows = np.zeros((max_len, part.shape[1]), dt)
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -373,10 +377,9 @@ def backward_kernel(
                         state[p] += np.float64(vcd) * c_final
                     if has_bg:
                         bg_dot[p] += vcd * backgrounds[img, d]
-        for k in range(start, end):
-            for col in range(part.shape[1]):
-                part[k, col] = zero
         if (has_mask and not masks[img, ty, tx]) or end <= start:
+            for k in range(start, end):
+                part[pos[k], :] = zero
             continue
         n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end,
                           tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
@@ -395,7 +398,8 @@ def backward_kernel(
                 v_a[p] = v_a[p] * t_final[p]
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
-        # slices of SUB_PIXELS pixels, each on its own; part[k] sums them in slice order
+        rows[:n_k, :] = zero
+        # slices of SUB_PIXELS pixels, each on its own; rows[j] sums them in slice order
         for sub in range(n_sub):
             lo = sub * SUB_PIXELS
             hi = min(n_pix, lo + SUB_PIXELS)
@@ -407,42 +411,44 @@ def backward_kernel(
                                live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[lo:hi],
                                gauss[:m], t_k[:m], w[:m], inv_1ma[:m], dot[:m], sub64[:m],
                                v_alpha[:m], absgrad,
-                               part)
+                               rows)
             else:
                 tile_per_pixel(loc, s_first, s_last, sub, start, px[lo:hi], py[lo:hi],
                                last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[lo:hi],
                                gauss[:m], t_k[:m], w[:m], inv_1ma[:m], dot[:m], sub64[:m],
                                v_alpha[:m], absgrad,
-                               part)
+                               rows)
+        for j in range(n_k):
+            part[pos[start + j], :] = rows[j, :]
 
 
 @njit(cache=True, error_model="numpy")
 def group_by_gaussian(flatten_ids, n_gauss):
     """CSR of intersections per Gaussian in increasing intersection order (a stable counting
-    sort): rows order[first[g]:first[g + 1]] belong to Gaussian g."""
+    sort): Gaussian g owns positions first[g]:first[g + 1]; intersection k is at pos[k]."""
     first = np.zeros(n_gauss + 1, np.int64)
     for k in range(flatten_ids.shape[0]):
         first[flatten_ids[k] + 1] += 1
     for g in range(n_gauss):
         first[g + 1] += first[g]
     cursor = first[:-1].copy()
-    order = np.empty(flatten_ids.shape[0], np.int64)
+    pos = np.empty(flatten_ids.shape[0], np.int64)
     for k in range(flatten_ids.shape[0]):
         g = flatten_ids[k]
-        order[cursor[g]] = k
+        pos[k] = cursor[g]
         cursor[g] += 1
-    return first, order
+    return first, pos
 
 
 @njit(cache=True, error_model="numpy")
-def reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc):
-    """Sums Gaussian g's rows in increasing intersection order (acc: scratch [8 + D])."""
+def reduce_one(part, first_row, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc):
+    """Sums Gaussian g's rows (contiguous, in increasing intersection order; acc: scratch
+    [8 + D])."""
     n_cols = acc.shape[0]
     acc[:] = 0
     for j in range(first_row[g], first_row[g + 1]):
-        k = order[j]
         for col in range(n_cols):
-            acc[col] += part[k, col]
+            acc[col] += part[j, col]
     v_means2d[g, 0] = acc[C_MX]
     v_means2d[g, 1] = acc[C_MY]
     v_conics[g, 0] = acc[C_A]
@@ -458,7 +464,7 @@ def reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacitie
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def reduce_kernel(
-    first, step, part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs
+    first, step, part, first_row, v_means2d, v_conics, v_colors, v_opacities, v_abs
 ):
     """Blocks first, first + step, ... of Gaussians; v_abs [G, 2] or [0, 2]."""
     n_gauss = v_means2d.shape[0]
@@ -466,7 +472,7 @@ def reduce_kernel(
     for blk in range(first, (n_gauss + BLOCK - 1) // BLOCK, step):
         for g in range(blk * BLOCK, min(n_gauss, (blk + 1) * BLOCK)):
             reduce_one(
-                part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc
+                part, first_row, v_means2d, v_conics, v_colors, v_opacities, v_abs, g, acc
             )
 
 
@@ -521,6 +527,7 @@ def backward(
     n = flatten_ids.shape[0]
     dt = means2d.dtype
     np_dt = view(means2d).dtype
+    first, pos = group_by_gaussian(view(flatten_ids), n_gauss)
     part = np.empty((n, N_FIXED + n_ch), np_dt)
     bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
@@ -551,6 +558,7 @@ def backward(
         view(v_render_alphas).reshape(n_img, height, width),
         scheme == "per_splat",
         absgrad,
+        pos,
         part,
         bg_part,
     )
@@ -559,13 +567,11 @@ def backward(
     v_colors = alloc((n_gauss, n_ch), dt)
     v_opacities = alloc((n_gauss,), dt)
     v_abs = alloc((n_gauss, 2), dt) if absgrad else None
-    first, order = group_by_gaussian(view(flatten_ids), n_gauss)
     parallel_for(
         reduce_kernel,
         (n_gauss + BLOCK - 1) // BLOCK,
         part,
         first,
-        order,
         view(v_means2d),
         view(v_conics),
         view(v_colors),
