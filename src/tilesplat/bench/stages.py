@@ -218,6 +218,7 @@ class TrainStep:
         self.optimizer = torch.optim.Adam(
             [{"params": [t], "lr": self.LRS[k], "name": k} for k, t in self.params.items()],
             eps=1e-15,
+            fused=True,  # as the trainer
         )
 
     def __call__(self, timer: StageTimer) -> None:
