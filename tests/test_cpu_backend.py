@@ -442,3 +442,10 @@ def test_blend_loop_vectorises():
     else:  # NEON: fmul v0.4s, ...
         packed = re.findall(r"\bf(?:mul|add|sub|min|max)\s+v\d+\.4s", asm)
     assert len(packed) > 20, f"the per-pair loop did not vectorise ({len(packed)} packed ops)"
+    from llvmlite import binding
+
+    if binding.get_host_cpu_features().get("avx512f", False):
+        # full width: an int64 counter in the loop made LLVM fall back to 8 lanes
+        wide = re.findall(r"\bv(?:mul|add|sub|min|max)ps\s+%zmm", asm)
+        assert len(wide) > 20, f"the per-pair loop uses {len(wide)} 16-lane ops"
+

@@ -7,10 +7,11 @@ starts from the T_final the forward computed, which the forward keeps for it:
 every gradient of the pixel) would inherit that error, up to ~1e-3 relative.
 ``per_splat``: the tile's Gaussians are replayed front to back with per-pixel state (running T,
 live mask and the colour still to come, ``C_final - accumulated``), deciding skip / stop exactly
-as the forward did; T needs no division and ``last_ids`` are not read. C_final is the forward's
-float64 sum (render_colors plus the rounding residual the forward keeps), and the backward
-subtracts the forward's own float32 products from it, so the colour still to come is exact to
-float64 rounding even where it is a tiny difference of large sums (saturated pixels).
+as the forward did (the same ``composite_step``); T needs no division, and ``last_ids`` only
+end the replay early. C_final is the forward's float64 sum (render_colors plus the rounding
+residual the forward keeps), and the backward subtracts the forward's own float32 products
+from it, so the colour still to come is exact to float64 rounding even where it is a tiny
+difference of large sums (saturated pixels).
 
 Both skip the (pixel slice, Gaussian) pairs that ``cull`` proves cannot contribute.
 
@@ -26,11 +27,11 @@ import numpy as np
 import torch
 from numba import njit
 
-from ...constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
+from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..scalar_math import like
 from ._common import BLOCK, alloc, parallel_for, sm, view
 from .cull import gather_tile, max_tile_len, splat_bounds
-from .rasterize_fwd import SUB_PIXELS, init_tile_pixels
+from .rasterize_fwd import SUB_PIXELS, composite_step, init_tile_pixels
 
 # Columns of the per-intersection gradient rows; colours follow from N_FIXED.
 C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
@@ -221,25 +222,26 @@ def tile_per_pixel(loc, s_first, s_last, sub, k0, px, py, last, trans, v_c, v_a,
 
 
 @njit(cache=True, error_model="numpy")
-def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c, v_a, ahead,
-                   gauss, t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, rows):
+def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, last, trans, v_c, v_a,
+                   ahead, gauss, t_k, w, inv_1ma, dot, sub64, v_alpha, absgrad, rows):
     """Front to back over a slice ``sub`` of P pixels of a tile, replaying the forward's skip /
     stop decisions; adds to rows[j], the gradient row of the tile's row j (intersection
     k0 + j).
 
-    live [P] int32; trans [P] running T (starts 1); v_c [D, >= P] upstream colour gradients;
+    live [P] int32; last [P] int32 the forward's last_ids (bound the replay only); trans [P]
+    running T (starts 1); v_c [D, >= P] upstream colour gradients;
     v_a [P] v_alpha * T_final; ahead [P] float64 colour still to come, projected on v_c
     (starts at the forward's float64 colour, background included); gauss, t_k, w, inv_1ma,
     dot, sub64, v_alpha [P] scratch.
     """
     n_pix = px.shape[0]
-    f = trans[0]
-    zero = like(f, 0.0)
-    one = like(f, 1.0)
-    skip = like(f, ALPHA_SKIP)
-    clamp = like(f, ALPHA_CLAMP)
-    t_stop = like(f, TRANSMITTANCE_STOP)
-    for j in range(n_k):
+    zero = like(trans[0], 0.0)
+    # after the slice's last contribution (the largest last_id) nothing can hit: stop there
+    k_max = -1
+    for p in range(n_pix):
+        k_max = max(k_max, last[p])
+    j_end = min(n_k, k_max - k0 + 1)
+    for j in range(j_end):
         if (sub < s_first[j]) | (sub > s_last[j]):
             continue
         mx = loc[j, 0]
@@ -251,16 +253,9 @@ def tile_per_splat(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, v_c,
         n_hit = np.int32(0)
         n_live = np.int32(0)  # int32 counters: an int64 sum would halve the vector width
         for p in range(n_pix):
-            dx = mx - px[p]
-            dy = my - py[p]
-            s = sm.gaussian_sigma(a, b, c, dx, dy)
-            ge = sm.exp_neg(s)
-            alpha = min(clamp, op * ge)
             t = trans[p]
-            t_next = t * (one - alpha)
-            ok = (s >= zero) & (alpha >= skip) & (live[p] != 0)
-            hit = ok & (t_next > t_stop)
-            stop = ok & (t_next <= t_stop)
+            ge, _, t_next, hit, stop = composite_step(a, b, c, op, mx - px[p], my - py[p], t,
+                                                      live[p])
             trans[p] = t_next if hit else t
             live[p] = np.int32(0) if stop else live[p]
             t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
@@ -408,7 +403,8 @@ def backward_kernel(
                 continue
             if per_splat:
                 tile_per_splat(loc, s_first, s_last, sub, start, n_k, px[lo:hi], py[lo:hi],
-                               live[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], state[lo:hi],
+                               live[lo:hi], last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi],
+                               state[lo:hi],
                                gauss[:m], t_k[:m], w[:m], inv_1ma[:m], dot[:m], sub64[:m],
                                v_alpha[:m], absgrad,
                                rows)

@@ -41,6 +41,21 @@ def init_tile_pixels(tx, ty, tile_size, width, height, px, py, live):
         live[p] = np.int32(1) if (x < width and y < height) else np.int32(0)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def composite_step(a, b, c, op, dx, dy, t, live):
+    """One pixel-Gaussian pair of the contract, front to back: (G = exp(-sigma), alpha, T after
+    it, hit, stop). hit: the pair contributes (T stays above the stop); stop: the pixel ends
+    here without it. The forward and the per_splat backward share it, so the backward replays
+    the forward's decisions bit for bit. Inlined into the callers' vectorised pixel loops."""
+    s = sm.gaussian_sigma(a, b, c, dx, dy)
+    ge = sm.exp_neg(s)
+    alpha = min(like(t, ALPHA_CLAMP), op * ge)
+    t_next = t * (like(t, 1.0) - alpha)
+    ok = (s >= like(t, 0.0)) & (alpha >= like(t, ALPHA_SKIP)) & (live != 0)
+    t_stop = like(t, TRANSMITTANCE_STOP)
+    return ge, alpha, t_next, ok & (t_next > t_stop), ok & (t_next <= t_stop)
+
+
 @njit(cache=True, error_model="numpy")
 def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, weight, acc):
     """Composites a tile's Gaussians loc[0..n_k-1] (``cull.gather_tile`` rows; row j is
@@ -53,12 +68,7 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
     """
     n_pix = px.shape[0]
     n_ch = acc.shape[0]
-    f = trans[0]
-    clamp = like(f, ALPHA_CLAMP)
-    skip = like(f, ALPHA_SKIP)
-    t_stop = like(f, TRANSMITTANCE_STOP)
-    zero = like(f, 0.0)
-    one = like(f, 1.0)
+    zero = like(trans[0], 0.0)
     for j in range(n_k):
         if (sub < s_first[j]) | (sub > s_last[j]):
             continue
@@ -72,15 +82,9 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
         n_live = np.int32(0)  # int32 counters: an int64 sum would halve the vector width
         n_hit = np.int32(0)
         for p in range(n_pix):
-            dx = mx - px[p]
-            dy = my - py[p]
-            s = sm.gaussian_sigma(a, b, c, dx, dy)
-            alpha = min(clamp, op * sm.exp_neg(s))
             t = trans[p]
-            t_next = t * (one - alpha)
-            ok = (s >= zero) & (alpha >= skip) & (live[p] != 0)
-            hit = ok & (t_next > t_stop)
-            stop = ok & (t_next <= t_stop)
+            _, alpha, t_next, hit, stop = composite_step(a, b, c, op, mx - px[p], my - py[p], t,
+                                                         live[p])
             weight[p] = alpha * t if hit else zero
             trans[p] = t_next if hit else t
             last[p] = k32 if hit else last[p]
