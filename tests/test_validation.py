@@ -171,3 +171,20 @@ def test_isect_errors():
         tilesplat.isect_tiles(m2d, torch.zeros(1, 3, 2), torch.ones(1, 3), 16, 2, 2)
     with pytest.raises(ValueError, match="isect_ids sorted"):
         tilesplat.isect_offset_encode(torch.tensor([5, 1], dtype=torch.int64), 1, 2, 2)
+
+
+def test_isect_offset_encode_rejects_bad_keys():
+    bits = (4 * 3).bit_length()  # a 4 x 3 tile grid
+
+    def key(img, tile, depth=0):
+        return (img << (32 + bits)) | (tile << 32) | depth
+
+    good = torch.tensor([key(0, 1), key(0, 5), key(1, 0)], dtype=torch.int64)
+    offsets = tilesplat.isect_offset_encode(good, 2, 4, 3)
+    assert offsets.shape == (2, 3, 4) and int(offsets[1, 0, 0]) == 2
+    with pytest.raises(ValueError, match="sorted ascending"):
+        tilesplat.isect_offset_encode(good.flip(0), 2, 4, 3)
+    with pytest.raises(ValueError, match=r"images outside \[0, 1\)"):
+        tilesplat.isect_offset_encode(good, 1, 4, 3)
+    with pytest.raises(ValueError, match="tiles outside the 4×3 grid"):
+        tilesplat.isect_offset_encode(torch.tensor([key(0, 12)], dtype=torch.int64), 1, 4, 3)

@@ -124,16 +124,17 @@ def isect_offset_encode(
     tile_height = check_positive_int("tile_height", tile_height)
     _check_key_bits(n_images, tile_width, tile_height)
     if isect_ids.numel():
-        hi = isect_ids >> 32
+        if bool((isect_ids[1:] < isect_ids[:-1]).any()):
+            raise ValueError("expected isect_ids sorted ascending (isect_tiles(sort=True))")
         bits = (tile_width * tile_height).bit_length()
-        img, tile = hi >> bits, hi & ((1 << bits) - 1)
-        if int(img.max()) >= n_images or int(img.min()) < 0:
+        # sorted: the first and last keys bound the images
+        first_img, last_img = (int(isect_ids[i]) >> 32 >> bits for i in (0, -1))
+        if first_img < 0 or last_img >= n_images:
             raise ValueError(f"isect_ids name images outside [0, {n_images})")
+        tile = (isect_ids >> 32) & ((1 << bits) - 1)
         if int(tile.max()) >= tile_width * tile_height:
             raise ValueError(
                 f"isect_ids name tiles outside the {tile_width}×{tile_height} grid"
             )
-        if bool((isect_ids[1:] < isect_ids[:-1]).any()):
-            raise ValueError("expected isect_ids sorted ascending (isect_tiles(sort=True))")
     _, impl = resolve("isect_offset_encode", isect_ids.device, backend)
     return impl(isect_ids.contiguous(), n_images, tile_width, tile_height)
