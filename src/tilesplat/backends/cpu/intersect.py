@@ -24,8 +24,12 @@ from ._common import BLOCK, alloc, parallel_for, view
 
 
 @njit(cache=True, error_model="numpy")
-def _tile_range(mx, my, rx, ry, tile_size, tile_width, tile_height):
-    """[x0, x1) x [y0, y1) tile bounds of one Gaussian (as the reference, in its dtype)."""
+def _tile_range(means2d, radii, g, tile_size, tile_width, tile_height):
+    """[x0, x1) x [y0, y1) tile bounds of Gaussian g (as the reference, in its dtype)."""
+    mx = means2d[g, 0]
+    my = means2d[g, 1]
+    rx = like(mx, radii[g, 0])
+    ry = like(mx, radii[g, 1])
     ts = like(mx, tile_size)
     tmx = mx / ts
     tmy = my / ts
@@ -61,10 +65,7 @@ def count_block(means2d, radii, tile_size, tile_width, tile_height, counts, lo, 
         rx = radii[g, 0]
         ry = radii[g, 1]
         if rx > 0 and ry > 0:
-            mx = means2d[g, 0]
-            x0, x1, y0, y1 = _tile_range(
-                mx, means2d[g, 1], like(mx, rx), like(mx, ry), tile_size, tile_width, tile_height
-            )
+            x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
             counts[g] = (x1 - x0) * (y1 - y0)
         else:
             counts[g] = 0
@@ -92,16 +93,7 @@ def fill_kernel(
     for g in range(means2d.shape[0]):
         if counts[g] == 0:
             continue
-        mx = means2d[g, 0]
-        x0, x1, y0, y1 = _tile_range(
-            mx,
-            means2d[g, 1],
-            like(mx, radii[g, 0]),
-            like(mx, radii[g, 1]),
-            tile_size,
-            tile_width,
-            tile_height,
-        )
+        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
         base = image_of[g] * n_tiles
         for ty in range(y0, y1):
             for tx in range(x0, x1):
@@ -112,16 +104,7 @@ def fill_kernel(
     for g in range(means2d.shape[0]):
         if counts[g] == 0:
             continue
-        mx = means2d[g, 0]
-        x0, x1, y0, y1 = _tile_range(
-            mx,
-            means2d[g, 1],
-            like(mx, radii[g, 0]),
-            like(mx, radii[g, 1]),
-            tile_size,
-            tile_width,
-            tile_height,
-        )
+        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
         base = image_of[g] * n_tiles
         key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
         for ty in range(y0, y1):
@@ -173,16 +156,7 @@ def unsorted_kernel(
     for g in range(means2d.shape[0]):
         if counts[g] == 0:
             continue
-        mx = means2d[g, 0]
-        x0, x1, y0, y1 = _tile_range(
-            mx,
-            means2d[g, 1],
-            like(mx, radii[g, 0]),
-            like(mx, radii[g, 1]),
-            tile_size,
-            tile_width,
-            tile_height,
-        )
+        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
         key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
         high = np.int64(image_of[g]) << (32 + tile_bits)
         j = first[g]
