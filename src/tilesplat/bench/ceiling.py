@@ -23,6 +23,7 @@ from ..backends import scalar_math
 from ..constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
 
 TILE_PIXELS = 256  # one 16 x 16 tile
+INTERLEAVED_SECONDS = 0.1  # each ceiling measurement between the arms of a bench run
 _F = np.float32
 # The scalar math of the native backends, compiled for the CPU: the ceiling measures the same
 # exp and sigma as the kernels it is compared with.
@@ -135,6 +136,18 @@ class MicroKernel:
         t0 = time.perf_counter()
         _run_tiles(*self.data, self.out)
         return self.pairs / (time.perf_counter() - t0)
+
+    def sustained_rate(self, seconds: float = INTERLEAVED_SECONDS) -> float:
+        """Pair evaluations per second over back-to-back calls lasting at least ``seconds``:
+        one call takes a few ms, too short to stand for a phase of a shared machine."""
+        calls = 0
+        t0 = time.perf_counter()
+        while True:
+            _run_tiles(*self.data, self.out)
+            calls += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                return calls * self.pairs / elapsed
 
     def check(self) -> None:
         if not np.isfinite(self.out).all():

@@ -124,7 +124,7 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
         f"pairs per pass: forward {pairs['forward']:,} and backward {pairs['backward']:,} "
         f"(exact, per the contract); bound {pairs['bound']:,} (tile pixels x tile list)",
         "ceiling: " + (f"{_g(cal['interleaved']['median'], 'pairs/s')} (micro-kernel on "
-                       f"{cal['threads']} threads, median of calls interleaved with the arms; "
+                       f"{cal['threads']} threads, median of 0.1 s runs interleaved with the arms; "
                        f"best standalone {_g(cal['pairs_per_s'], 'pairs/s')})"
                        if cal else "not calibrated"),
         f"times: ms, median over {res['config']['repeats']} repeats of "
