@@ -3,9 +3,10 @@ tile that its visible ellipse cannot reach.
 
 A tile's list holds every Gaussian whose radius box touches the tile, but most slices of
 SUB_PIXELS pixels of that tile are out of a small Gaussian's reach: every pair there fails the
-``alpha >= ALPHA_SKIP`` test. The bounds let the forward and both backward schemes skip such a
-(slice, Gaussian) pair with four comparisons instead of evaluating it for every pixel. Skipping
-changes no result: the skipped pairs are exactly pairs that would not contribute.
+``alpha >= ALPHA_SKIP`` test. :func:`gather_tile` turns each Gaussian's bounds into the range of
+slices it can reach, and the forward and both backward schemes skip a (slice, Gaussian) pair
+outside it with two comparisons instead of evaluating it for every pixel. Skipping changes no
+result: the skipped pairs are exactly pairs that would not contribute.
 
 The bounds are conservative by construction. alpha = min(ALPHA_CLAMP, op * exp(-sigma)) >=
 ALPHA_SKIP needs sigma <= tau = ln(op / ALPHA_SKIP); the pixels with sigma <= tau form an

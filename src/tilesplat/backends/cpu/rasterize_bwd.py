@@ -118,8 +118,8 @@ def alpha_grad(v_a, r, t, dot, state, sub, per_splat):
 @njit(cache=True, inline="always", error_model="numpy")
 def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, dot, sub, v_alpha,
                per_splat):
-    """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]), w = alpha T and
-    1 / (1 - alpha) (w, inv_1ma [P]), and the colour state.
+    """Row j of the tile (opacity op): d loss / d alpha (v_alpha [P]), w = alpha T (w [P]),
+    and the colour state.
 
     state [P] float64 is the pixel's remaining colour projected on its upstream gradient,
     sum_d v_c[d] * colour_d: per_pixel, of the Gaussians behind row j (summed back to front,
@@ -127,7 +127,7 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, dot, sub, v_
     the rows before, row j's contribution subtracted first. Each contribution is the
     forward's own float32 product w * c_d (w is computed exactly as the forward's weight), so
     per_splat's remainder is exact to float64 rounding even when it is a tiny difference of
-    large sums. dot [P] float64, sub [P] float64: scratch (the D > 3 path).
+    large sums. inv_1ma [P], dot [P] float64, sub [P] float64: scratch of the path for D != 3.
     No fast-math: per_splat needs the forward's products bit for bit.
     """
     clamp = like(gauss[0], ALPHA_CLAMP)
@@ -149,7 +149,6 @@ def color_step(j, op, loc, v_c, v_a, gauss, t_k, w, inv_1ma, state, dot, sub, v_
             d_p = v0 * f64(c0) + v1 * f64(c1) + v2 * f64(c2)
             s_p = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
             v_alpha[p], state[p] = alpha_grad(v_a[p], r, t, d_p, state[p], s_p, per_splat)
-            inv_1ma[p] = r
             w[p] = wp
         return
     for p in range(gauss.shape[0]):
@@ -344,6 +343,7 @@ def backward_kernel(
         zero = like(px[0], 0.0)
         one = like(px[0], 1.0)
         t_final = np.ones(n_pix, dt)
+        trans = np.ones(n_pix, dt)  # running T of the slice loops
         v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
         v_a = np.zeros(n_pix, dt)
         last = np.full(n_pix, -1, np.int32)
@@ -359,6 +359,11 @@ def backward_kernel(
                 y = ty * tile_size + p // tile_size
                 sub, q = p // SUB_PIXELS, p % SUB_PIXELS
                 t_final[p] = one - render_alphas[img, y, x]
+                if not per_splat:
+                    # T_final as the forward computed it (1 - render_alphas loses its low bits
+                    # in float32 when T is small, and every T the back-to-front walk recovers
+                    # scales it)
+                    trans[p] = trans_final[img, y, x]
                 v_a[p] = v_alphas_img[img, y, x]
                 last[p] = last_ids[img, y, x]
                 for d in range(n_ch):
@@ -378,14 +383,6 @@ def backward_kernel(
             continue
         n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end,
                           tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
-        trans = np.ones(n_pix, dt)
-        if not per_splat:
-            # T_final as the forward computed it (1 - render_alphas loses its low bits in
-            # float32 when T is small, and every T the back-to-front walk recovers scales it)
-            for p in range(n_pix):
-                if live[p] != 0:
-                    trans[p] = trans_final[img, ty * tile_size + p // tile_size,
-                                           tx * tile_size + p % tile_size]
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)

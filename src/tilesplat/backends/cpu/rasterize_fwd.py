@@ -63,8 +63,8 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
     slice range s_first..s_last excludes ``sub`` cannot reach it and are skipped.
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
-    last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] colour
-    (float64 for float32 data: the per_splat backward subtracts from it).
+    last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] float64
+    colour (the per_splat backward subtracts from the float64 sum).
     """
     n_pix = px.shape[0]
     n_ch = acc.shape[0]
