@@ -89,6 +89,13 @@ def backward_kernel(first, step, quats, scales, v_covars, v_precis, triu, v_quat
 
 
 @njit(cache=True, error_model="numpy")
+def _add7(a, b):
+    """Elementwise sum of two 7-tuples (the quaternion and scale gradients)."""
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5],
+            a[6] + b[6])
+
+
+@njit(cache=True, error_model="numpy")
 def backward_row(quats, scales, v_covars, v_precis, triu, v_quats, v_scales, m):
     want_c = v_covars.shape[0] > 0
     want_p = v_precis.shape[0] > 0
@@ -101,29 +108,13 @@ def backward_row(quats, scales, v_covars, v_precis, triu, v_quats, v_scales, m):
         r = sm.quat_scale_to_covar_vjp(
             w, x, y, z, sx, sy, sz, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]
         )
-        acc = (
-            acc[0] + r[0],
-            acc[1] + r[1],
-            acc[2] + r[2],
-            acc[3] + r[3],
-            acc[4] + r[4],
-            acc[5] + r[5],
-            acc[6] + r[6],
-        )
+        acc = _add7(acc, r)
     if want_p:
         g = load_grad(v_precis, m, triu)
         r = sm.quat_scale_to_preci_vjp(
             w, x, y, z, sx, sy, sz, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]
         )
-        acc = (
-            acc[0] + r[0],
-            acc[1] + r[1],
-            acc[2] + r[2],
-            acc[3] + r[3],
-            acc[4] + r[4],
-            acc[5] + r[5],
-            acc[6] + r[6],
-        )
+        acc = _add7(acc, r)
     for i in range(4):
         v_quats[m, i] = acc[i]
     for i in range(3):
