@@ -113,7 +113,7 @@ def test_curve_image_draws_every_panel():
 
 
 def test_recomposite_onto_a_new_background():
-    from tilesplat.train.trainer import recomposite
+    from tilesplat.train.step import recomposite
 
     g = torch.Generator().manual_seed(0)
     rgb, alpha = torch.rand(2, 4, 5, 3, generator=g), torch.rand(2, 4, 5, 1, generator=g)

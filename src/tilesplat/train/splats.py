@@ -39,12 +39,18 @@ def means_lr_factor(cfg: TrainConfig, step: int) -> float:
     return cfg.means_lr_final ** (step / cfg.steps)
 
 
-def make_params(tensors: dict[str, Tensor]) -> Params:
-    """Trainable Parameters from plain tensors (copied, float32)."""
+def make_params(tensors: dict[str, Tensor], device: torch.device | str = "cpu") -> Params:
+    """Trainable Parameters from plain tensors (copied, float32, on ``device``)."""
     missing = [k for k in PARAM_NAMES if k not in tensors]
     if missing:
         raise ValueError(f"model parameters missing: {missing}")
-    return {k: torch.nn.Parameter(tensors[k].detach().float().clone()) for k in PARAM_NAMES}
+    bad = [k for k in PARAM_NAMES if not isinstance(tensors[k], Tensor)]
+    if bad:
+        raise ValueError(f"model parameters are not tensors: {bad}")
+    return {
+        k: torch.nn.Parameter(tensors[k].detach().to(device, torch.float32, copy=True))
+        for k in PARAM_NAMES
+    }
 
 
 def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Optimizers:

@@ -23,10 +23,10 @@ from ..data.dataset import SceneDataset
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .init import init_params, random_points, visible_half_width
-from .losses import photometric_loss
 from .metrics import psnr
 from .progress import Progress
-from .splats import make_optimizers, make_params, render_splats, set_learning_rates
+from .splats import make_optimizers, make_params
+from .step import make_batch, optimization_step, restore_model
 from .strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
@@ -86,14 +86,6 @@ def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tens
         cfg.init_scale,
         fallback_scale=0.01 * dataset.scene_radius,
     )
-
-
-def recomposite(image: Tensor, alpha: Tensor, old_bg: Tensor, new_bg: Tensor) -> Tensor:
-    """Images composited on ``old_bg`` [3], recomposited on ``new_bg`` [C, 3].
-
-    image: [C, H, W, 3] = rgb * alpha + old_bg * (1 - alpha); alpha: [C, H, W, 1].
-    """
-    return image + (new_bg - old_bg)[:, None, None, :] * (1.0 - alpha)
 
 
 class _StopRequest:
@@ -195,10 +187,7 @@ class Trainer:
             )
         self.step = int(ckpt["step"])
         self.scene_scale = float(ckpt["scene_scale"])
-        self.params = make_params(ckpt["params"])
-        self.optimizers = make_optimizers(self.params, self.cfg, self.scene_scale)
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(ckpt["optimizers"][name])
+        self.params, self.optimizers = restore_model(ckpt, self.cfg)
         self.strategy_state = dict(ckpt["strategy_state"])
         self.history = {k: list(ckpt["history"].get(k, [])) for k in HISTORY_KEYS}
         self.window = list(ckpt["window"])
@@ -239,52 +228,29 @@ class Trainer:
         """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
         cfg = self.cfg
         frames = [self.dataset.train[i] for i in self.batch_indices(step)]
-        viewmats = torch.stack([f.viewmat for f in frames]).float()
-        Ks = torch.stack([f.K for f in frames]).float()
-        target = torch.stack([f.image for f in frames]).float()  # [C, H, W, 3]
-        n_cams = len(frames)
-        if cfg.random_background:
-            bg = torch.rand(n_cams, 3)
-            if all(f.alpha is not None for f in frames):
-                alpha = torch.stack([f.alpha for f in frames]).float()  # [C, H, W, 1]
-                target = recomposite(target, alpha, self.background, bg)
-        else:
-            bg = self.background.expand(n_cams, 3)
-        sh_degree = min(step // cfg.sh_degree_interval, cfg.sh_degree)
-        colors, _, info = render_splats(
+        batch = make_batch(frames, self.background, cfg.random_background)
+        res = optimization_step(
             self.params,
-            viewmats,
-            Ks,
-            frames[0].width,
-            frames[0].height,
+            self.optimizers,
+            batch,
             cfg,
-            sh_degree,
-            backgrounds=bg.contiguous(),
+            step,
+            self.scene_scale,
             absgrad=cfg.absgrad and cfg.strategy == "default",
+            before_backward=lambda info: self.strategy.step_pre_backward(
+                self.params, self.optimizers, self.strategy_state, step, info
+            ),
         )
-        self.strategy.step_pre_backward(
-            self.params, self.optimizers, self.strategy_state, step, info
-        )
-        loss, _ = photometric_loss(colors, target, cfg.ssim_lambda)
-        if cfg.opacity_reg > 0.0:
-            loss = loss + cfg.opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
-        if cfg.scale_reg > 0.0:
-            loss = loss + cfg.scale_reg * torch.exp(self.params["scales"]).mean()
-        loss.backward()
-        means_lr = set_learning_rates(self.optimizers, cfg, self.scene_scale, step)
-        for opt in self.optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
         self.strategy.step_post_backward(
             self.params,
             self.optimizers,
             self.strategy_state,
             step,
-            info,
-            means_lr=means_lr,
+            res.info,
+            means_lr=res.means_lr,
             packed=cfg.packed,
         )
-        return float(loss.detach()), psnr(colors.detach().clamp(0.0, 1.0), target)
+        return float(res.loss), psnr(res.colors.clamp(0.0, 1.0), batch.target)
 
     # --- the loop ------------------------------------------------------------------------
 

@@ -1,0 +1,200 @@
+"""One optimisation step of the trainer: render, photometric loss, backward, fused Adam.
+
+``tilesplat train`` (:meth:`Trainer.train_step`) and the bench's replay of a training run
+(``tilesplat bench --scene run:RUN_DIR``) both call :func:`optimization_step`, so that the
+replay measures the trainer's own code. Densification stays outside: the trainer passes its
+strategy's ``step_pre_backward`` as ``before_backward`` and calls ``step_post_backward`` on
+the result; the replay passes hooks that time or capture gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..data.dataset import Frame
+from .config import TrainConfig
+from .losses import photometric_loss
+from .splats import (
+    Optimizers,
+    Params,
+    make_optimizers,
+    make_params,
+    render_splats,
+    set_learning_rates,
+)
+
+# Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
+InfoHook = Callable[[dict[str, Any]], None]
+
+
+class StageClock(Protocol):
+    """Anything with a ``stage(name)`` context manager (the bench's ``StageTimer``)."""
+
+    def stage(self, name: str) -> contextlib.AbstractContextManager[None]: ...
+
+
+class _NoClock:
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        yield
+
+
+STEP_STAGES = ("render", "loss", "backward", "adam")
+
+
+@dataclass
+class Batch:
+    """The cameras and images of one step, on one device.
+
+    Attributes:
+        viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
+        target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
+        backgrounds: [C, 3] the colour each render is composited on.
+    """
+
+    viewmats: Tensor
+    Ks: Tensor
+    target: Tensor
+    backgrounds: Tensor
+    width: int
+    height: int
+
+    def to(self, device: torch.device | str) -> Batch:
+        """This batch on ``device``."""
+        return Batch(
+            self.viewmats.to(device),
+            self.Ks.to(device),
+            self.target.to(device),
+            self.backgrounds.to(device),
+            self.width,
+            self.height,
+        )
+
+
+def recomposite(image: Tensor, alpha: Tensor, old_bg: Tensor, new_bg: Tensor) -> Tensor:
+    """Images composited on ``old_bg`` [3], recomposited on ``new_bg`` [C, 3].
+
+    image: [C, H, W, 3] = rgb * alpha + old_bg * (1 - alpha); alpha: [C, H, W, 1].
+    """
+    return image + (new_bg - old_bg)[:, None, None, :] * (1.0 - alpha)
+
+
+def make_batch(frames: Sequence[Frame], background: Tensor, random_background: bool) -> Batch:
+    """The batch of ``frames`` (one image size); ``background`` [3] is the dataset's.
+
+    With ``random_background`` every camera gets a colour from the global torch RNG (one
+    ``torch.rand(C, 3)`` draw) and the targets with alpha are recomposited on it.
+    """
+    viewmats = torch.stack([f.viewmat for f in frames]).float()
+    Ks = torch.stack([f.K for f in frames]).float()
+    target = torch.stack([f.image for f in frames]).float()  # [C, H, W, 3]
+    n_cams = len(frames)
+    if random_background:
+        bg = torch.rand(n_cams, 3)
+        if all(f.alpha is not None for f in frames):
+            alpha = torch.stack([f.alpha for f in frames]).float()  # [C, H, W, 1]
+            target = recomposite(target, alpha, background, bg)
+    else:
+        bg = background.expand(n_cams, 3)
+    return Batch(viewmats, Ks, target, bg.contiguous(), frames[0].width, frames[0].height)
+
+
+def sh_degree_at(cfg: TrainConfig, step: int) -> int:
+    """The SH degree in use at ``step``: one more every ``sh_degree_interval`` steps."""
+    return min(step // cfg.sh_degree_interval, cfg.sh_degree)
+
+
+def training_loss(params: Params, colors: Tensor, target: Tensor, cfg: TrainConfig) -> Tensor:
+    """The photometric loss of ``colors`` [C, H, W, 3] plus the opacity / scale terms."""
+    loss, _ = photometric_loss(colors, target, cfg.ssim_lambda)
+    if cfg.opacity_reg > 0.0:
+        loss = loss + cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
+    if cfg.scale_reg > 0.0:
+        loss = loss + cfg.scale_reg * torch.exp(params["scales"]).mean()
+    return loss
+
+
+@dataclass
+class StepResult:
+    """What one step leaves: ``loss`` [] and ``colors`` [C, H, W, 3] (detached), the
+    rasterizer's meta ``info``, and the means' learning rate the step used."""
+
+    loss: Tensor
+    colors: Tensor
+    info: dict[str, Any]
+    means_lr: float
+
+
+def optimization_step(
+    params: Params,
+    optimizers: Optimizers,
+    batch: Batch,
+    cfg: TrainConfig,
+    step: int,
+    scene_scale: float,
+    *,
+    absgrad: bool = False,
+    before_backward: InfoHook | None = None,
+    after_backward: InfoHook | None = None,
+    clock: StageClock | None = None,
+) -> StepResult:
+    """Render ``batch``, take the training loss, backward, one Adam step per parameter.
+
+    ``before_backward`` runs after rendering (the strategy's ``step_pre_backward``, or a hook
+    that retains intermediate gradients); ``after_backward`` runs when the gradients are in
+    ``params[name].grad``, before Adam consumes them. ``clock`` times the stages
+    ``render``, ``loss``, ``backward`` and ``adam``.
+    """
+    clock = clock if clock is not None else _NoClock()
+    with clock.stage("render"):
+        colors, _, info = render_splats(
+            params,
+            batch.viewmats,
+            batch.Ks,
+            batch.width,
+            batch.height,
+            cfg,
+            sh_degree_at(cfg, step),
+            backgrounds=batch.backgrounds,
+            absgrad=absgrad,
+        )
+    if before_backward is not None:
+        before_backward(info)
+    with clock.stage("loss"):
+        loss = training_loss(params, colors, batch.target, cfg)
+    with clock.stage("backward"):
+        loss.backward()
+    if after_backward is not None:
+        after_backward(info)
+    with clock.stage("adam"):
+        means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
+        for opt in optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return StepResult(loss.detach(), colors.detach(), info, means_lr)
+
+
+def restore_model(
+    ckpt: dict[str, Any], cfg: TrainConfig, device: torch.device | str = "cpu"
+) -> tuple[Params, Optimizers]:
+    """Parameters and Adam states of a checkpoint, on ``device``.
+
+    Raises:
+        ValueError: the checkpoint lacks a parameter or an optimiser state.
+    """
+    params = make_params(ckpt["params"], device=device)
+    optimizers = make_optimizers(params, cfg, float(ckpt["scene_scale"]))
+    states = ckpt.get("optimizers")
+    if not isinstance(states, dict):
+        raise ValueError("checkpoint has no optimizer states")
+    for name, opt in optimizers.items():
+        if name not in states:
+            raise ValueError(f"checkpoint has no optimizer state for {name!r}")
+        opt.load_state_dict(states[name])  # moves the moments to the parameter's device
+    return params, optimizers
