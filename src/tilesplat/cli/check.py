@@ -23,11 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..data.dataset import detect_layout
-    from ..train.config import TrainConfig, apply_overrides, load_config
+    from ..train.config import TrainConfig
+    from ..train.gate import checked_config
 
-    cfg = apply_overrides(load_config(args.config), args.overrides)
-    layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    cfg, layout = checked_config(args.config, args.overrides)
     default = TrainConfig()
     changed = [
         f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)

@@ -1,0 +1,441 @@
+"""An A/B training gate: the same training run per arm, repeated, and a verdict.
+
+``run_gate`` trains the base config and the candidate config ``repeats`` times each,
+interleaved (base, cand, base, cand, ...), repeat k with seed ``seed + k`` for both arms, each
+run in its own folder under ``out_dir`` and in its own process (``tilesplat train``), so that
+every run pays the same start-up and a crash stays in its run. It then compares, per arm, the
+mean ± σ of the process wall time, the steps per second of training, the final test PSNR and
+SSIM and the Gaussian count, and pairs the repeats for the deltas (candidate / base - 1 of the
+wall time, candidate - base of the PSNR).
+
+The verdict is FAIL when any run failed (it is reported with its error, never dropped) or
+when the candidate's mean PSNR is more than ``psnr_guard`` dB below the base's; else PASS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_bytes
+from .config import TrainConfig, apply_overrides, load_config, save_config
+
+SCHEMA = "tilesplat.gate/1"
+ARMS = ("base", "cand")
+HEARTBEAT_S = 30.0  # how often a running training's last progress line is shown
+KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL of a run past its timeout
+METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians")
+
+Log = Callable[[str], None]
+
+
+def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
+    """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
+    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
+
+    Raises:
+        FileNotFoundError: no such config file or dataset folder.
+        ValueError: an invalid key or value (the message names the file).
+    """
+    from ..data.dataset import detect_layout
+
+    cfg = apply_overrides(load_config(path), list(overrides or []))
+    layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    return cfg, layout
+
+
+def check_gate_arguments(repeats: int, psnr_guard: float, timeout: float | None) -> None:
+    """One-line errors naming the option (the CLI turns them into exit status 2)."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"--repeats must be an integer >= 1, got {repeats!r}")
+    if not math.isfinite(psnr_guard) or psnr_guard < 0.0:
+        raise ValueError(f"--psnr-guard must be a finite number >= 0, got {psnr_guard!r}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0.0):
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
+
+
+def gate_dir(out_dir: str | Path | None) -> Path:
+    """``out_dir`` (refused when it holds a gate), else a fresh ``runs/gate[-k]``."""
+    if out_dir:
+        path = Path(out_dir)
+        if (path / "gate.json").exists() or any((path / f"{arm}-r0").exists() for arm in ARMS):
+            raise ValueError(f"--out-dir {path} already holds a gate; choose another folder")
+        return path
+    base = path = Path("runs") / "gate"
+    k = 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"gate-{k}")
+    return path
+
+
+# --- one run -------------------------------------------------------------------------------
+
+
+def _last_line(path: Path, max_bytes: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def error_of(log_path: Path, returncode: int | None) -> str:
+    """The one line that says why a run failed: its CLI error, the exception, or the status."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("tilesplat train: error:"):
+            return ln.removeprefix("tilesplat train: error:").strip()
+    for ln in reversed(lines):
+        if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]:
+            return ln
+    status = f"exit status {returncode}" if returncode is not None else "no exit status"
+    return f"{status}: {lines[-1]}" if lines else status
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ends the run's process group (the child started a session of its own), by its id."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def train_process(
+    config_path: Path, log_path: Path, timeout: float | None, heartbeat: Log | None = None
+) -> tuple[int | None, float, bool]:
+    """Runs ``tilesplat train --config config_path`` in a child process, output to ``log_path``.
+
+    Returns:
+        (exit status or None, wall seconds, timed out). The child is ended (SIGTERM, then
+        SIGKILL) when it runs past ``timeout`` seconds or this process is interrupted.
+    """
+    cmd = [sys.executable, "-m", "tilesplat.cli", "train", "--config", str(config_path)]
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            while True:
+                elapsed = time.perf_counter() - t0
+                wait = HEARTBEAT_S if timeout is None else min(HEARTBEAT_S, timeout - elapsed)
+                try:
+                    proc.wait(timeout=max(wait, 0.0))
+                    return proc.returncode, time.perf_counter() - t0, False
+                except subprocess.TimeoutExpired:
+                    pass
+                if timeout is not None and time.perf_counter() - t0 >= timeout:
+                    _stop(proc)
+                    return proc.returncode, time.perf_counter() - t0, True
+                line = _last_line(log_path)
+                if heartbeat is not None and line:
+                    heartbeat(line)
+        except BaseException:
+            _stop(proc)
+            raise
+
+
+def read_metrics(path: Path) -> dict[str, float]:
+    """psnr, ssim, gaussians, steps and train seconds of a run's ``metrics.json``.
+
+    Raises:
+        ValueError: missing, not JSON, or a field of the wrong type.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: no readable metrics ({exc})") from exc
+    out = {}
+    for key, name in (
+        ("psnr", "psnr"),
+        ("ssim", "ssim"),
+        ("n_gaussians", "gaussians"),
+        ("step", "steps"),
+        ("train_seconds", "train_s"),
+    ):
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: {key} is not a number ({value!r})")
+        out[name] = float(value)
+    return out
+
+
+def run_one(
+    cfg: TrainConfig, run_dir: Path, timeout: float | None, heartbeat: Log | None = None
+) -> dict[str, Any]:
+    """Trains ``cfg`` into ``run_dir`` in a child process; the run's row of the gate."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = save_config(
+        dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir / "config.toml"
+    )
+    log_path = run_dir / "train.log"
+    code, wall, timed_out = train_process(config_path, log_path, timeout, heartbeat)
+    row: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "seed": cfg.seed,
+        "exit_status": code,
+        "wall_s": wall,
+        "log": str(log_path),
+    }
+    if timed_out:
+        return {**row, "ok": False, "error": f"ran past --timeout {timeout:g} s and was ended"}
+    if code != 0:
+        return {**row, "ok": False, "error": error_of(log_path, code)}
+    try:
+        m = read_metrics(run_dir / "metrics.json")
+    except ValueError as exc:
+        return {**row, "ok": False, "error": str(exc)}
+    steps_per_s = m["steps"] / m["train_s"] if m["train_s"] > 0 else None
+    return {
+        **row,
+        "ok": True,
+        "error": None,
+        "train_s": m["train_s"],
+        "steps": int(m["steps"]),
+        "steps_per_s": steps_per_s,
+        "psnr": m["psnr"],
+        "ssim": m["ssim"],
+        "gaussians": int(m["gaussians"]),
+    }
+
+
+# --- the gate ------------------------------------------------------------------------------
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else (0.0 if values else None),
+    }
+
+
+def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, Any]:
+    """Per-arm statistics, paired deltas and the verdict of the gate's ``runs``.
+
+    Each run is a row of :func:`run_one` with ``arm`` and ``repeat`` added.
+    """
+    arms = {}
+    for arm in ARMS:
+        ok = [r for r in runs if r["arm"] == arm and r["ok"]]
+        arms[arm] = {
+            "runs": sum(r["arm"] == arm for r in runs),
+            "ok": len(ok),
+            **{k: _stats([r[k] for r in ok if r.get(k) is not None]) for k in METRICS},
+        }
+    by_repeat: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in runs:
+        if r["ok"]:
+            by_repeat.setdefault(r["repeat"], {})[r["arm"]] = r
+    pairs = [p for _, p in sorted(by_repeat.items()) if len(p) == 2]
+    deltas = {
+        "wall_pct": _stats(
+            [100.0 * (p["cand"]["wall_s"] / p["base"]["wall_s"] - 1.0) for p in pairs]
+        ),
+        "train_time_pct": _stats(
+            [
+                100.0 * (p["cand"]["train_s"] / p["base"]["train_s"] - 1.0)
+                for p in pairs
+                if p["base"]["train_s"] > 0
+            ]
+        ),
+        "psnr_db": _stats([p["cand"]["psnr"] - p["base"]["psnr"] for p in pairs]),
+        "pairs": len(pairs),
+    }
+    reasons = []
+    failed = [r for r in runs if not r["ok"]]
+    if failed:
+        reasons.append(f"{len(failed)} run(s) failed")
+    pb, pc = arms["base"]["psnr"]["mean"], arms["cand"]["psnr"]["mean"]
+    if pb is None or pc is None:
+        reasons.append("an arm has no finished run: PSNR not compared")
+        psnr_delta = None
+    else:
+        psnr_delta = pc - pb
+        if psnr_delta < -psnr_guard:
+            reasons.append(
+                f"candidate PSNR {pc:.2f} dB is {-psnr_delta:.2f} dB below the base's "
+                f"{pb:.2f} dB (guard {psnr_guard:g} dB)"
+            )
+    deltas["psnr_of_means_db"] = psnr_delta
+    return {
+        "arms": arms,
+        "deltas": deltas,
+        "verdict": "FAIL" if reasons else "PASS",
+        "reasons": reasons,
+    }
+
+
+def run_gate(
+    base: TrainConfig,
+    cand: TrainConfig,
+    out_dir: str | Path,
+    repeats: int = 3,
+    psnr_guard: float = 0.1,
+    seed: int = 0,
+    timeout: float | None = None,
+    names: tuple[str, str] = ("base", "cand"),
+    log: Log = print,
+) -> dict[str, Any]:
+    """Trains both configs ``repeats`` times, interleaved; the gate's JSON-ready result.
+
+    Args:
+        base, cand: validated configs (their ``seed`` and ``run_dir`` are replaced).
+        out_dir: the gate's folder: ``base-r0``, ``cand-r0``, ... and ``gate.json``.
+        seed: repeat k trains both arms with seed ``seed + k``.
+        timeout: seconds a run may take before it is ended and counted as failed.
+        names: how the arms are shown (e.g. their config files).
+    """
+    check_gate_arguments(repeats, psnr_guard, timeout)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = {"base": base.validate(), "cand": cand.validate()}
+    label = dict(zip(ARMS, names, strict=True))
+    total = 2 * repeats
+    log(
+        f"gate: base = {names[0]}, cand = {names[1]}; {repeats} repeat(s), seeds "
+        f"{', '.join(str(seed + k) for k in range(repeats))}; {total} runs in {out}"
+    )
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    for k in range(repeats):
+        for arm in ARMS:
+            i = len(runs) + 1
+            run_dir = out / f"{arm}-r{k}"
+            tag = f"[{i}/{total}] {arm} r{k} (seed {seed + k})"
+            log(f"{tag}: training into {run_dir}")
+            cfg = dataclasses.replace(configs[arm], seed=seed + k)
+            row = run_one(
+                cfg, run_dir, timeout, heartbeat=lambda line, t=tag: log(f"  {t}: {line}")
+            )
+            row.update(arm=arm, repeat=k)
+            runs.append(row)
+            if row["ok"]:
+                log(
+                    f"{tag}: done in {row['wall_s']:.0f} s: PSNR {row['psnr']:.2f} dB, "
+                    f"{row['steps_per_s']:.2f} steps/s, {row['gaussians']} Gaussians"
+                )
+            else:
+                log(f"{tag}: FAILED after {row['wall_s']:.0f} s: {row['error']}")
+            summary = summarize_gate(runs, psnr_guard)
+            result = {
+                "schema": SCHEMA,
+                "kind": "gate",
+                **summary,
+                "arms": {
+                    a: {
+                        "name": label[a],
+                        **summary["arms"][a],
+                        "config": dataclasses.asdict(configs[a]),
+                    }
+                    for a in ARMS
+                },
+                "repeats": repeats,
+                "seeds": [seed + j for j in range(repeats)],
+                "psnr_guard_db": psnr_guard,
+                "timeout_s": timeout,
+                "runs": runs,
+                "finished": i == total,
+            }
+            write_json(result, out / "gate.json")  # after every run: a partial gate survives
+    return result
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> Path:
+    """The result as strict JSON (NaN refused), written atomically."""
+    text = json.dumps(result, indent=1, allow_nan=False)
+    return atomic_write_bytes(Path(path), text.encode("utf-8"))
+
+
+# --- the table -----------------------------------------------------------------------------
+
+
+def _pm(s: dict[str, Any], fmt: str) -> str:
+    if s["mean"] is None:
+        return "-"
+    return f"{s['mean']:{fmt}} ± {s['std']:{fmt.lstrip('+')}}"
+
+
+def format_gate(result: dict[str, Any]) -> str:
+    """The gate as a text table, the failed runs with their errors, and the verdict."""
+    arms, d = result["arms"], result["deltas"]
+    rows = [
+        ("", result["arms"]["base"]["name"], result["arms"]["cand"]["name"], "Δ (paired)"),
+        (
+            "wall s",
+            _pm(arms["base"]["wall_s"], ".1f"),
+            _pm(arms["cand"]["wall_s"], ".1f"),
+            _pm(d["wall_pct"], "+.1f") + " %" if d["pairs"] else "-",
+        ),
+        (
+            "train s",
+            _pm(arms["base"]["train_s"], ".1f"),
+            _pm(arms["cand"]["train_s"], ".1f"),
+            _pm(d["train_time_pct"], "+.1f") + " %" if d["pairs"] else "-",
+        ),
+        (
+            "steps/s",
+            _pm(arms["base"]["steps_per_s"], ".2f"),
+            _pm(arms["cand"]["steps_per_s"], ".2f"),
+            "",
+        ),
+        (
+            "test PSNR dB",
+            _pm(arms["base"]["psnr"], ".2f"),
+            _pm(arms["cand"]["psnr"], ".2f"),
+            _pm(d["psnr_db"], "+.2f") + f" (guard -{result['psnr_guard_db']:g})"
+            if d["pairs"]
+            else "-",
+        ),
+        ("test SSIM", _pm(arms["base"]["ssim"], ".4f"), _pm(arms["cand"]["ssim"], ".4f"), ""),
+        (
+            "Gaussians",
+            _pm(arms["base"]["gaussians"], ".0f"),
+            _pm(arms["cand"]["gaussians"], ".0f"),
+            "",
+        ),
+        (
+            "runs ok",
+            f"{arms['base']['ok']}/{arms['base']['runs']}",
+            f"{arms['cand']['ok']}/{arms['cand']['runs']}",
+            "",
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for r in result["runs"]:
+        if not r["ok"]:
+            lines.append(f"FAILED {r['arm']} r{r['repeat']} ({r['run_dir']}): {r['error']}")
+    verdict = result["verdict"]
+    why = f": {'; '.join(result['reasons'])}" if result["reasons"] else ""
+    lines.append(f"verdict: {verdict}{why}")
+    return "\n".join(lines)

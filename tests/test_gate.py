@@ -1,0 +1,134 @@
+"""``tilesplat gate``: configs validated first, runs in their own processes, a verdict that fails.
+
+Every training here is tiny (32 px, 4 train views, at most 40 steps, the torch backend, so
+that no Numba kernel compiles in a child process).
+"""
+
+import json
+
+import pytest
+
+from tilesplat.cli import main
+from tilesplat.train.config import TrainConfig
+from tilesplat.train.gate import error_of, run_one, summarize_gate
+
+TINY = """\
+synthetic_size = 32
+synthetic_train = 4
+synthetic_test = 2
+cache_dir = "{cache}"
+steps = {steps}
+init_points = 200
+sh_degree = 1
+backend = "torch"
+lpips = false
+save_ply = false
+save_renders = false
+checkpoint_every = 0
+{extra}
+"""
+
+
+@pytest.fixture
+def configs(tmp_path_factory, monkeypatch):
+    """Writes tiny configs: ``make(name, steps=40, extra="")`` -> path."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the children share 2 cores with the tests
+    folder = tmp_path_factory.mktemp("gate_configs")
+    cache = tmp_path_factory.getbasetemp() / "gate_cache"  # the scene is written once
+
+    def make(name: str, steps: int = 40, extra: str = "") -> str:
+        path = folder / f"{name}.toml"
+        path.write_text(TINY.format(cache=cache, steps=steps, extra=extra))
+        return str(path)
+
+    return make
+
+
+def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
+    base, cand = configs("base"), configs("short", steps=4)
+    out = tmp_path / "gate.json"
+    argv = ["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g")]
+    assert main([*argv, "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "[1/2] base r0 (seed 0)" in text and "[2/2] cand r0 (seed 0)" in text
+    assert "verdict: FAIL" in text and "below the base's" in text
+    result = json.loads(out.read_text())
+    assert result == json.loads((tmp_path / "g" / "gate.json").read_text())
+    assert result["verdict"] == "FAIL" and result["finished"]
+    assert [r["ok"] for r in result["runs"]] == [True, True]
+    assert [r["seed"] for r in result["runs"]] == [0, 0]  # one seed per repeat, both arms
+    assert result["deltas"]["psnr_db"]["mean"] < -1.0
+    assert result["arms"]["cand"]["config"]["steps"] == 4
+    # the gate refuses to reuse a folder that holds one
+    assert main(argv) == 2
+    assert "--out-dir" in capsys.readouterr().err
+
+
+def test_a_raising_run_is_reported_as_failed(configs, tmp_path, capsys):
+    base = configs("base", steps=4)
+    cand = configs("raises", steps=4, extra='init = "points"')  # the scene has no points
+    assert main(["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g")]) == 1
+    text = capsys.readouterr().out
+    assert "FAILED cand r0" in text and "dataset has no point cloud" in text
+    result = json.loads((tmp_path / "g" / "gate.json").read_text())
+    rows = {r["arm"]: r for r in result["runs"]}
+    assert rows["base"]["ok"] and not rows["cand"]["ok"]
+    assert rows["cand"]["exit_status"] == 2 and "no point cloud" in rows["cand"]["error"]
+    assert result["verdict"] == "FAIL" and "1 run(s) failed" in result["reasons"]
+
+
+def test_configs_are_checked_before_any_run(configs, tmp_path, capsys):
+    base = configs("base")
+    bad = configs("bad", extra="stesp = 3")
+    out_dir = tmp_path / "g"
+    assert main(["gate", base, bad, "--out-dir", str(out_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml: unknown config key 'stesp'; did you mean 'steps'?" in err
+    assert main(["check", bad]) == 2  # the same error as tilesplat check
+    assert "did you mean 'steps'?" in capsys.readouterr().err
+    assert main(["gate", base, base, "--set", "steps=0", "--out-dir", str(out_dir)]) == 2
+    assert "steps must be >= 1" in capsys.readouterr().err
+    assert main(["gate", base, base, "--repeats", "0", "--out-dir", str(out_dir)]) == 2
+    assert "--repeats must be" in capsys.readouterr().err
+    assert main(["gate", base, base, "--psnr-guard", "nan", "--out-dir", str(out_dir)]) == 2
+    assert "--psnr-guard" in capsys.readouterr().err
+    assert not out_dir.exists()
+
+
+def test_a_run_past_its_timeout_is_ended_and_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = TrainConfig(steps=100_000, cache_dir=str(tmp_path / "c"), synthetic_size=32,
+                      synthetic_train=2, synthetic_test=1, backend="torch", lpips=False)
+    row = run_one(cfg, tmp_path / "run", timeout=0.5)
+    assert not row["ok"] and "ran past --timeout 0.5 s" in row["error"]
+    assert row["exit_status"] is not None  # the child was ended and reaped
+    assert row["wall_s"] < 30
+
+
+def _row(arm, repeat, psnr, ok=True, wall=10.0):
+    if not ok:
+        return {"arm": arm, "repeat": repeat, "ok": False, "error": "boom", "wall_s": wall}
+    return {"arm": arm, "repeat": repeat, "ok": True, "wall_s": wall, "train_s": wall - 1,
+            "steps_per_s": 100 / (wall - 1), "psnr": psnr, "ssim": 0.9, "gaussians": 1000}
+
+
+def test_verdicts_and_paired_deltas():
+    runs = [_row("base", 0, 30.0, wall=10), _row("cand", 0, 29.95, wall=8),
+            _row("base", 1, 30.2, wall=12), _row("cand", 1, 30.15, wall=9)]
+    res = summarize_gate(runs, psnr_guard=0.1)
+    assert res["verdict"] == "PASS" and not res["reasons"]
+    assert res["deltas"]["psnr_db"]["mean"] == pytest.approx(-0.05)
+    assert res["deltas"]["wall_pct"]["mean"] == pytest.approx((-20.0 - 25.0) / 2)
+    assert res["arms"]["base"]["psnr"]["mean"] == pytest.approx(30.1)
+    assert summarize_gate(runs, psnr_guard=0.01)["verdict"] == "FAIL"
+    failed = summarize_gate([*runs, _row("cand", 2, 0.0, ok=False)], psnr_guard=0.1)
+    assert failed["verdict"] == "FAIL" and failed["reasons"] == ["1 run(s) failed"]
+    assert failed["arms"]["cand"]["runs"] == 3 and failed["arms"]["cand"]["ok"] == 2
+
+
+def test_error_of_a_traceback(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("Traceback (most recent call last):\n  File x\nRuntimeError: out of memory\n")
+    assert error_of(log, 1) == "RuntimeError: out of memory"
+    log.write_text("killed\n")
+    assert error_of(log, -9) == "exit status -9: killed"
