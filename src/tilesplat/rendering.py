@@ -223,6 +223,10 @@ def rasterization(
         if backgrounds is not None:
             backgrounds = torch.zeros_like(backgrounds[..., :1])
 
+    # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
+    # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
+    meta["colors"] = colors
+
     tile_width = math.ceil(width / tile_size)
     tile_height = math.ceil(height / tile_size)
     tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(

@@ -13,6 +13,7 @@ Layout of ``runs/<name>/``::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -193,6 +194,63 @@ def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[
     ckpt = load_checkpoint(latest_checkpoint(run_dir))
     params = {k: v.float() for k, v in ckpt["params"].items()}
     return checkpoint_config(ckpt), params, ckpt
+
+
+@dataclasses.dataclass
+class RunCheckpoint:
+    """One checkpoint of a run, checked: what a replay of the run needs besides the data.
+
+    Attributes:
+        run_dir: the run folder; path: the checkpoint file; step: steps it completed.
+        cfg: the run's config as stored in the checkpoint; ckpt: the checkpoint dict.
+        n_gaussians: the number of Gaussians.
+    """
+
+    run_dir: Path
+    path: Path
+    step: int
+    cfg: TrainConfig
+    ckpt: dict[str, Any]
+    n_gaussians: int
+
+
+def open_checkpoint(target: str | Path) -> RunCheckpoint:
+    """A run folder's newest checkpoint, or one checkpoint file, loaded and checked.
+
+    The file is loaded with ``weights_only=True`` (no pickled code runs), its format, config
+    (unknown keys rejected), parameters (names, shapes, finite) and Adam states checked.
+
+    Raises:
+        FileNotFoundError: no such folder or file, or no checkpoint in the folder.
+        ValueError: not a tilesplat training checkpoint, or a malformed one.
+    """
+    from .splats import check_params
+    from .trainer import CHECKPOINT_FORMAT
+
+    target = Path(target)
+    path = target if target.is_file() else latest_checkpoint(target)
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    ckpt = load_checkpoint(path)
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{path}: checkpoint format {ckpt.get('format')!r} is not {CHECKPOINT_FORMAT!r}"
+        )
+    if not isinstance(ckpt.get("config"), dict):
+        raise ValueError(f"{path}: the checkpoint holds no config")
+    cfg = checkpoint_config(ckpt)
+    step = ckpt.get("step")
+    scale = ckpt.get("scene_scale")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{path}: step must be an int >= 0, got {step!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"{path}: scene_scale must be a number > 0, got {scale!r}")
+    try:
+        n = check_params(ckpt["params"], cfg.sh_degree)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(ckpt.get("optimizers"), dict):
+        raise ValueError(f"{path}: the checkpoint holds no optimizer states")
+    return RunCheckpoint(run_dir, path, step, cfg, ckpt, n)
 
 
 def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:

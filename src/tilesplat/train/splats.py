@@ -53,6 +53,35 @@ def make_params(tensors: dict[str, Tensor], device: torch.device | str = "cpu") 
     }
 
 
+def check_params(tensors: dict[str, Any], sh_degree: int) -> int:
+    """Checks the names, shapes, dtypes and finiteness of stored model parameters; returns N.
+
+    Raises:
+        ValueError: naming the first parameter that is missing or malformed.
+    """
+    if not isinstance(tensors, dict):
+        raise ValueError("model parameters must be a dict of tensors")
+    k = (sh_degree + 1) ** 2
+    for name in PARAM_NAMES:
+        t = tensors.get(name)
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise ValueError(f"model parameter {name!r} is missing or not a float tensor")
+    n = int(tensors["means"].shape[0]) if tensors["means"].dim() == 2 else -1
+    want = {
+        "means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,),
+        "sh0": (n, 1, 3), "shN": (n, k - 1, 3),
+    }  # fmt: skip
+    for name, shape in want.items():
+        if n < 1 or tuple(tensors[name].shape) != shape:
+            raise ValueError(
+                f"model parameter {name!r} has shape {list(tensors[name].shape)}, expected "
+                f"{list(shape)} (N Gaussians, SH degree {sh_degree})"
+            )
+        if not bool(torch.isfinite(tensors[name]).all()):
+            raise ValueError(f"model parameter {name!r} holds NaN or infinite values")
+    return n
+
+
 def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Optimizers:
     """One Adam per parameter; rates and betas scaled for the batch size as gsplat does."""
     bs = cfg.batch_size

@@ -105,6 +105,34 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
     return Batch(viewmats, Ks, target, bg.contiguous(), frames[0].width, frames[0].height)
 
 
+class CameraOrder:
+    """Training-frame indices of each step: epochs of seeded permutations of ``n`` frames.
+
+    A function of (seed, step) only, so a resumed run and a replay see the cameras the
+    trainer saw; the permutation of the current epoch is cached.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        if n < 1:
+            raise ValueError("the dataset has no training images")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self._epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    def indices(self, step: int) -> list[int]:
+        """The ``batch_size`` frame indices of ``step``."""
+        out = []
+        for b in range(self.batch_size):
+            flat = step * self.batch_size + b
+            epoch = flat // self.n
+            if epoch != self._epoch:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._perm = torch.randperm(self.n, generator=gen)
+                self._epoch = epoch
+            out.append(int(self._perm[flat % self.n]))
+        return out
+
+
 def sh_degree_at(cfg: TrainConfig, step: int) -> int:
     """The SH degree in use at ``step``: one more every ``sh_degree_interval`` steps."""
     return min(step // cfg.sh_degree_interval, cfg.sh_degree)
@@ -194,7 +222,16 @@ def restore_model(
     if not isinstance(states, dict):
         raise ValueError("checkpoint has no optimizer states")
     for name, opt in optimizers.items():
-        if name not in states:
+        st = states.get(name)
+        if not isinstance(st, dict) or not isinstance(st.get("state"), dict):
             raise ValueError(f"checkpoint has no optimizer state for {name!r}")
-        opt.load_state_dict(states[name])  # moves the moments to the parameter's device
+        for moments in st["state"].values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                m = moments.get(key) if isinstance(moments, dict) else None
+                if m is not None and (not isinstance(m, Tensor) or m.shape != params[name].shape):
+                    raise ValueError(f"optimizer state {name}.{key} does not match the parameter")
+        try:
+            opt.load_state_dict(st)  # moves the moments to the parameter's device
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"optimizer state of {name!r} does not load: {exc}") from None
     return params, optimizers

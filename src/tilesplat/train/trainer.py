@@ -26,7 +26,7 @@ from .init import init_params, random_points, visible_half_width
 from .metrics import psnr
 from .progress import Progress
 from .splats import make_optimizers, make_params
-from .step import make_batch, optimization_step, restore_model
+from .step import CameraOrder, make_batch, optimization_step, restore_model
 from .strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
@@ -159,8 +159,7 @@ class Trainer:
         else:
             self._load_state(checkpoint)
         self.strategy.check_sanity(self.params, self.optimizers)
-        self._perm_epoch = -1
-        self._perm = torch.empty(0, dtype=torch.long)
+        self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -212,17 +211,7 @@ class Trainer:
 
     def batch_indices(self, step: int) -> list[int]:
         """Training-frame indices of ``step``: epochs of seeded permutations, no state kept."""
-        n = len(self.dataset.train)
-        out = []
-        for b in range(self.cfg.batch_size):
-            flat = step * self.cfg.batch_size + b
-            epoch = flat // n
-            if epoch != self._perm_epoch:
-                gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-                self._perm = torch.randperm(n, generator=gen)
-                self._perm_epoch = epoch
-            out.append(int(self._perm[flat % n]))
-        return out
+        return self.order.indices(step)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
