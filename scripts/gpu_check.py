@@ -19,7 +19,8 @@ Usage::
     python scripts/gpu_check.py --out gpu_check            # garden + synthetic:400000:800x800
     NUMBA_ENABLE_CUDASIM=1 python scripts/gpu_check.py --scene synthetic:50:32x32 --quick
 
-Under the simulator the ``cuda`` arms run on CPU tensors; it only exercises this script.
+Under the simulator the ``cuda`` arms' tensors are on the CPU (``Arm.torch_device``); it only
+exercises this script.
 """
 
 from __future__ import annotations
@@ -58,19 +59,6 @@ def _versions() -> dict[str, Any]:
     else:
         out["gpu"] = None
     return out
-
-
-def _arm(spec: str):
-    """An arm of the bench (``backend[:scheme][@device]``); under the simulator every arm
-    runs on CPU tensors (the cuda backend accepts them there)."""
-    from tilesplat.bench import Arm
-
-    body, _, device = spec.partition("@")
-    backend, _, scheme = body.partition(":")
-    device = device or ("cuda" if backend == "cuda" else "cpu")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        device = "cpu"
-    return Arm(backend, scheme or "per_pixel", device)
 
 
 class Budget:
@@ -189,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     for scene in args.scene:
         for scheme in SCHEMES:
             res = budget.run(f"parity {args.against} vs cuda:{scheme} on {scene}", run_parity,
-                             scene, _arm(args.against), _arm(f"cuda:{scheme}"))
+                             scene, args.against, f"cuda:{scheme}")
             if res is not None:
                 report["parity"].append(res)
                 print(format_parity(res))
 
-    arms = [_arm("cuda:per_pixel"), _arm("cuda:per_splat")]
+    arms = ["cuda:per_pixel", "cuda:per_splat"]
     variants = [("warp skip on, batch 32", {"warp_skip": True, "splat_batch": 32}, arms),
                 ("warp skip off", {"warp_skip": False, "splat_batch": 32}, arms),
                 ("per_splat batch 256", {"warp_skip": True, "splat_batch": 256}, arms[1:])]

@@ -50,6 +50,7 @@ def test_parse_arm_defaults_and_canonical_names():
         ("torch:sideways", "unknown backward scheme 'sideways'"),
         ("torch@tpu", "unknown device 'tpu'"),
         ("cpu@cuda", "runs on device 'cpu' only"),
+        ("cuda@cpu", "runs on device 'cuda' only"),
         ("auto", "unknown backend 'auto'"),
         ("", "arm must be"),
     ],
@@ -57,6 +58,19 @@ def test_parse_arm_defaults_and_canonical_names():
 def test_parse_arm_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_arm(spec)
+
+
+def test_to_device_moves_nested_tensors_and_keeps_the_rest():
+    from tilesplat.bench.arms import to_device
+
+    t = torch.ones(2)
+    obj = {"a": [t, (t, 3)], "b": "x", "c": None}
+    moved = to_device(obj, torch.device("cpu"))
+    assert moved["a"][0] is t and moved["a"][1][0] is t  # already there: no copy
+    assert isinstance(moved["a"][1], tuple) and moved["a"][1][1] == 3
+    assert moved["b"] == "x" and moved["c"] is None
+    meta = to_device(obj, torch.device("meta"))
+    assert meta["a"][0].device.type == "meta" and meta["a"][1][0].device.type == "meta"
 
 
 def test_parse_arms_rejects_duplicates():

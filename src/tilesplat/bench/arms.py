@@ -3,11 +3,19 @@
 An arm is written ``backend[:scheme][@device]``: ``torch``, ``cpu:per_splat``,
 ``cuda:per_pixel``, ``torch@cuda``. The scheme defaults to ``per_pixel``; the device defaults
 to ``cuda`` for the ``cuda`` backend and ``cpu`` otherwise.
+
+Every tensor an arm gets (its copy of the scene, the upstream gradient, and whatever another
+arm's pass feeds it) goes through :func:`to_device` to :attr:`Arm.torch_device`, the one place
+that says where an arm's tensors live. Under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) the ``cuda`` backend runs its kernels on numpy views of CPU
+tensors, so a ``cuda``-backend arm keeps the device ``cuda`` in its name and in the reports
+but its tensors live on the CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,7 +50,24 @@ class Arm:
 
     @property
     def torch_device(self) -> torch.device:
+        """Where this arm's tensors live: ``device``, except a ``cuda``-backend arm under
+        numba's simulator, whose kernels run on CPU tensors."""
+        if self.backend == "cuda" and registry.cuda_simulator():
+            return torch.device("cpu")
         return torch.device(self.device)
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
+    copied with the same structure, anything else is returned as it is. A tensor already on
+    ``device`` is returned itself (no copy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
 
 
 def parse_arm(spec: str) -> Arm:
@@ -67,17 +92,17 @@ def parse_arm(spec: str) -> Arm:
         raise ValueError(f"arm {spec!r}: unknown device {device!r}; choose one of {list(DEVICES)}")
     if backend == "cpu" and device != "cpu":
         raise ValueError(f"arm {spec!r}: backend 'cpu' runs on device 'cpu' only")
-    if backend == "cuda" and device != "cuda" and not registry.cuda_simulator():
+    if backend == "cuda" and device != "cuda":
         raise ValueError(
-            f"arm {spec!r}: backend 'cuda' runs on device 'cuda' only "
-            "(or on 'cpu' tensors in numba's simulator, NUMBA_ENABLE_CUDASIM=1)"
+            f"arm {spec!r}: backend 'cuda' runs on device 'cuda' only (under numba's "
+            "simulator, NUMBA_ENABLE_CUDASIM=1, its tensors are on the CPU by themselves)"
         )
     return Arm(backend, scheme, device)
 
 
 def check_usable(arm: Arm) -> None:
     """Raises a clear error when ``arm`` cannot run on this machine (before any timing)."""
-    if arm.device == "cuda" and not torch.cuda.is_available():
+    if arm.torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"arm {arm.spec!r} needs a CUDA device, and torch sees none")
     implemented = registry.implemented_ops(arm.backend)  # imports only this backend
     missing = [op for op in PIPELINE_OPS if op not in implemented]

@@ -89,7 +89,8 @@ def compare_radii(a: Tensor, b: Tensor) -> dict[str, Any]:
     """Integer radii: equal, or one pixel apart (a ``ceil`` on an integer boundary)."""
     row = compare(a, b, atol=1.0, rtol=0.0)
     if a.shape == b.shape:
-        row["off_by_one"] = int(((a.long() - b.long()).abs() == 1).sum())
+        diff = a.detach().to("cpu", torch.int64) - b.detach().to("cpu", torch.int64)
+        row["off_by_one"] = int((diff.abs() == 1).sum())
     return row
 
 

@@ -34,7 +34,7 @@ from ..ops import (
     spherical_harmonics,
 )
 from ..rendering import rasterization
-from .arms import Arm
+from .arms import Arm, to_device
 from .timing import StageTimer
 
 STAGES = (
@@ -88,18 +88,20 @@ def upstream_gradient(scene: Scene, seed: int) -> tuple[Tensor, Tensor]:
 
 def make_inputs(scene: Scene, arm: Arm, sh_degree: int, tile_size: int,
                 upstream: tuple[Tensor, Tensor]) -> Inputs:
-    """Copies the scene, its SH coefficients and the upstream gradient to ``arm``'s device."""
+    """Copies the scene, its SH coefficients and the upstream gradient to ``arm``'s device
+    (:attr:`.arms.Arm.torch_device`)."""
     dev = arm.torch_device
-    s = scene.to(device=dev)
-    params = {
-        "means": s.means.clone(),
-        "quats": s.quats.clone(),
-        "scales": s.scales.clone(),
-        "opacities": s.opacities.clone(),
-        "sh_coeffs": scene.sh_coeffs(sh_degree).to(dev),
-    }
-    return Inputs(params, s.viewmats.clone(), s.Ks.clone(), s.width, s.height, sh_degree,
-                  tile_size, upstream[0].to(dev), upstream[1].to(dev))
+    params = to_device({
+        "means": scene.means.clone(),
+        "quats": scene.quats.clone(),
+        "scales": scene.scales.clone(),
+        "opacities": scene.opacities.clone(),
+        "sh_coeffs": scene.sh_coeffs(sh_degree),
+    }, dev)
+    viewmats, Ks, v_colors, v_alphas = to_device(
+        (scene.viewmats.clone(), scene.Ks.clone(), *upstream), dev)
+    return Inputs(params, viewmats, Ks, scene.width, scene.height, sh_degree, tile_size,
+                  v_colors, v_alphas)
 
 
 def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
@@ -110,7 +112,8 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
     arm's inputs: intersection and rasterization run on its projection outputs, and the
     projection backward on its rasterizer gradients. So each op is compared on identical
     inputs, and a one-ulp difference at a ``ceil`` (a radius one pixel larger) does not
-    cascade into every tensor downstream.
+    cascade into every tensor downstream. The fed tensors are moved to this arm's device
+    first (the other arm may run on another one: ``cpu`` against ``cuda``).
 
     Returns:
         dict with ``outputs`` (render_colors [C,H,W,3], render_alphas [C,H,W,1], radii [C,N,2],
@@ -118,7 +121,7 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
         flatten_ids [n], isect_offsets [C,TH,TW]) and ``grads`` (``v_`` + each of PARAMS, and
         the rasterizer's v_means2d, v_conics, v_colors, v_opacities [C,N]).
     """
-    b = arm.backend
+    b, dev = arm.backend, arm.torch_device
     W, H, ts = inp.width, inp.height, inp.tile_size
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inp.params.items()}
     viewmats, Ks = inp.viewmats, inp.Ks
@@ -139,8 +142,8 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
     own = {"radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
            "colors": colors}
     if feed is not None:
-        radii, means2d, depths, conics, colors = (
-            feed["outputs"][k] for k in ("radii", "means2d", "depths", "conics", "colors"))
+        radii, means2d, depths, conics, colors = to_device(
+            [feed["outputs"][k] for k in ("radii", "means2d", "depths", "conics", "colors")], dev)
     tw, th = math.ceil(W / ts), math.ceil(H / ts)
     with timer.stage("intersection"):
         _, isect_ids, flatten_ids = isect_tiles(
@@ -164,8 +167,8 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
         )
     upstream = [_grad(cut[k]) for k in ("means2d", "conics", "colors", "opacities")]
     if feed is not None:
-        upstream = [feed["grads"][k] for k in ("v_means2d", "v_conics", "v_colors",
-                                                "v_raster_opacities")]
+        upstream = to_device([feed["grads"][k] for k in ("v_means2d", "v_conics", "v_colors",
+                                                         "v_raster_opacities")], dev)
     with timer.stage("projection_backward"):
         torch.autograd.backward(
             [own["means2d"], own["conics"], own["colors"], opacities], upstream
