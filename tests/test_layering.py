@@ -62,3 +62,13 @@ def test_backends_import_nothing_above():
             parts = name.split(".")
             if parts[0] == "tilesplat" and len(parts) > 1:
                 assert parts[1] in ("backends", "constants"), f"{path}:{line} imports {name}"
+
+
+def test_train_and_bench_point_one_way():
+    """bench replays the trainer's step (bench → train, bench/replay.py); train never imports
+    bench, and cli/gate.py reaches the gate through train/gate.py."""
+    for path in (SRC / "train").rglob("*.py"):
+        for line, name in _imports(path):
+            assert not name.startswith("tilesplat.bench"), f"{path}:{line} imports {name}"
+    replay = {name for _, name in _imports(SRC / "bench" / "replay.py")}
+    assert "tilesplat.train.step" in replay

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..data.scenes import Scene
 from .arms import Arm, check_usable, parse_arm
+from .replay import is_run_spec, open_run, run_parity_on_run, run_self_noise_on_run
 from .stages import Inputs, make_inputs, staged_pass, upstream_gradient
 from .timing import NullTimer
 
@@ -144,10 +145,18 @@ def run_parity(
     differ by one pixel where the float radius sits on an integer: such elements are counted
     (``off_by_one``) and pass; any larger difference fails.
 
+    ``scene`` may be ``run:RUN_DIR``: then each arm runs one step of the run's trainer on
+    its checkpoint (:func:`.replay.run_parity_on_run`: the loss, every parameter gradient
+    under the checkpoint's names, the rasterizer's gradients, the tile offsets exactly and
+    the intersection order, reported and not gated); ``sh_degree``, ``tile_size``, ``seed``
+    and ``dtype`` are then the run's.
+
     Returns:
         dict with ``kind`` "parity", ``arms``, ``scene``, ``atol``, ``rtol``, ``tensors``
-        (one row per tensor) and ``passed`` (every row passed).
+        (one row per tensor) and ``passed`` (every gated row passed).
     """
+    if is_run_spec(scene):
+        return run_parity_on_run(open_run(scene), _arm(arm_a), _arm(arm_b), atol, rtol, hook)
     sc = _load(scene, dtype)
     check_sh_degree(sh_degree)
     a, b = _arm(arm_a), _arm(arm_b)
@@ -215,14 +224,19 @@ def run_self_noise(
     """Self-noise of each arm: K forward + backward passes under one upstream gradient, and
     per gradient tensor the max abs / rel difference to the first pass (0 = deterministic).
 
+    ``scene`` may be ``run:RUN_DIR``: each pass is then one step of the run's trainer on a
+    fresh copy of its checkpoint (:func:`.replay.run_self_noise_on_run`), the loss included.
+
     Returns:
         dict with ``kind`` "self_noise", ``scene``, ``passes`` and ``arms`` (one entry per arm).
     """
-    sc = _load(scene, dtype)
-    check_sh_degree(sh_degree)
     arm_list = [_arm(a) for a in ([arms] if isinstance(arms, (str, Arm)) else arms)]
     if not arm_list:
         raise ValueError("self-noise needs at least one arm")
+    if is_run_spec(scene):
+        return run_self_noise_on_run(open_run(scene), arm_list, k, hook)
+    sc = _load(scene, dtype)
+    check_sh_degree(sh_degree)
     upstream = upstream_gradient(sc, seed)
     out = [self_noise_of(make_inputs(sc, arm, sh_degree, tile_size, upstream), arm, k, hook)
            for arm in arm_list]

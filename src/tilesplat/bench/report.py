@@ -127,6 +127,9 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
                        f"{cal['threads']} threads, median of 0.1 s runs interleaved with the arms; "
                        f"best standalone {_g(cal['pairs_per_s'], 'pairs/s')})"
                        if cal else "not calibrated"),
+        *([f"run {sc['run']['run_dir']} at step {sc['run']['step']}: the training step is "
+           f"the trainer's own ({sc['run']['training_step']}), {sc['run']['batch_size']} "
+           "camera(s) per step"] if sc.get("run") else []),
         f"times: ms, median over {res['config']['repeats']} repeats of "
         f"{res['config']['iters']} iterations (mean ± σ); (x.x×) = speedup vs "
         f"{res['arms'][0]['spec']}",
@@ -143,6 +146,9 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
         rows.append(["step GPU-busy ms"] + [
             f"{a['ms']['step']['gpu']['median']:.3f}" if "gpu" in a["ms"]["step"] else "-"
             for a in arms])
+        rows.append(["step host overhead ms"] + [
+            f"{a['ms']['step']['host_overhead_median']:.3f}" if "gpu" in a["ms"]["step"]
+            else "-" for a in arms])
     for d in ("forward", "backward"):
         rows.append([f"raster {d} pairs/s"] + [_rate(a["evals"][d]) for a in arms])
     rows.append(["peak memory"] + [_mem(a["peak_memory"]) for a in arms])
@@ -201,6 +207,8 @@ def format_parity(res: dict[str, Any]) -> str:
             continue
         verdict = "PASS" if r["passed"] else (
             f"FAIL ({r['note']})" if "note" in r else f"FAIL ({r['n_fail']} elements)")
+        if r.get("gated") is False:
+            verdict = f"not gated: {r.get('note', '-')}"
         fmt = lambda x: "-" if x is None else f"{x:.3g}"
         rows.append([r["name"], r["kind"], str(r["numel_a"]), str(r["numel_b"]),
                      fmt(r["max_abs"]), fmt(r["max_rel"]), fmt(r["max_rel_where_abs_fails"]),

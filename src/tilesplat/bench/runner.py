@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from ..data.scenes import Scene, load_scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
 from .parity import ATOL, RTOL, Hook, check_sh_degree, compare_results
+from .replay import RUN_DEFAULTS, ReplayStep, is_run_spec, open_run
 from .report import machine_info
 from .stages import STAGES, TrainStep, make_inputs, staged_pass, upstream_gradient
 from .timing import NullTimer, PeakMemory, StageTimer, summarize
@@ -78,9 +79,9 @@ def scene_info(scene: Scene, sh_degree: int, tile_size: int) -> dict[str, Any]:
 def run_bench(
     scene: Scene | str,
     arms: list[str | Arm] | str,
-    iters: int = 3,
-    repeats: int = 3,
-    warmup: int = 1,
+    iters: int | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
     sh_degree: int = 3,
     tile_size: int = 16,
     seed: int = 0,
@@ -93,25 +94,42 @@ def run_bench(
     """Measures every arm on one scene; returns a JSON-ready dict (schema ``SCHEMA``).
 
     Args:
-        scene: a Scene or a name for ``load_scene`` (``garden``, ``synthetic:N:WxH``).
+        scene: a Scene, a name for ``load_scene`` (``garden``, ``synthetic:N:WxH``), or
+            ``run:RUN_DIR``: a training run's checkpoint, whose training step is the trainer's
+            own (:mod:`.replay`; ``sh_degree`` and ``tile_size`` are then the run's).
         arms: specs ``backend[:scheme][@device]``; the first is the baseline of the ratios
             and of the parity gate.
         iters: timed iterations per repeat; repeats: repeats (the statistics are over the
             repeats, each one the mean of its iterations); warmup: untimed passes first (>= 1).
+            None: 3, 3, 1 (run scenes: 50, 3, 10).
         calibrate: measure the per-pair ceiling (:func:`.ceiling.calibrate`).
         threads: Numba and torch threads for the run (None: as configured).
         hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
     """
+    replay = None
+    if is_run_spec(scene):
+        replay = open_run(scene)
+        sh_degree, tile_size = replay.sh_degree, 16  # what the trainer renders with
+    counts = RUN_DEFAULTS if replay is not None else {"iters": 3, "repeats": 3, "warmup": 1}
+    iters = counts["iters"] if iters is None else iters
+    repeats = counts["repeats"] if repeats is None else repeats
+    warmup = counts["warmup"] if warmup is None else warmup
     _check_counts(iters=(iters, 1), repeats=(repeats, 1), warmup=(warmup, 1),
                   tile_size=(tile_size, 1))
     check_sh_degree(sh_degree)
     if not isinstance(arms, str):
         arms = [a.spec if isinstance(a, Arm) else a for a in arms]
     arm_list = parse_arms(arms)
-    sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
+    if replay is not None:
+        sc: Scene = replay.scene().to(dtype=dtype)
+    else:
+        sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
+    make_step = (lambda inp, arm: ReplayStep(replay, arm)) if replay is not None else TrainStep
     with thread_count(threads):
         res = _run(sc, arm_list, iters, repeats, warmup, sh_degree, tile_size, seed,
-                   calibrate, calibration_seconds, hook)
+                   calibrate, calibration_seconds, hook, make_step)
+    if replay is not None:
+        res["scene"]["run"] = replay.info()
     res["config"].update(threads=threads, calibrate=calibrate,
                          calibration_seconds=calibration_seconds)
     return res
@@ -119,7 +137,8 @@ def run_bench(
 
 def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_degree: int,
          tile_size: int, seed: int, calibrate: bool, calibration_seconds: float,
-         hook: Hook | None) -> dict[str, Any]:
+         hook: Hook | None, make_step: Callable[[Any, Arm], Callable[[StageTimer], None]],
+         ) -> dict[str, Any]:
     from .ceiling import MicroKernel
     from .ceiling import calibrate as run_calibration
 
@@ -127,7 +146,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
     kernel = MicroKernel() if calibrate else None
     upstream = upstream_gradient(sc, seed)
     inputs = [make_inputs(sc, arm, sh_degree, tile_size, upstream) for arm in arms]
-    steps = [TrainStep(inp, arm) for inp, arm in zip(inputs, arms, strict=True)]
+    steps = [make_step(inp, arm) for inp, arm in zip(inputs, arms, strict=True)]
 
     first: list[dict[str, Any]] = []
     for w in range(warmup):

@@ -25,12 +25,24 @@ modes:
                      difference to the first pass (0 means deterministic).
   --calibrate-only   only measure the machine's per-pair ceiling.
 
+run scenes (--scene run:RUN_DIR, a run folder's newest checkpoint or one checkpoint file):
+  the training step is the trainer's own (tilesplat train's optimization_step) on each arm's
+  copy of the checkpoint's parameters and Adam states: render the cameras of the run's next
+  step, photometric loss against the real images, backward, fused Adam (densification is not
+  replayed); defaults --warmup 10 --iters 50 --repeats 3; the stages time the checkpoint's
+  Gaussians. --parity and --self-noise then run one trainer step per arm and pass and compare
+  the loss, every parameter gradient (checkpoint names), the rasterizer's gradients, the tile
+  offsets (exactly) and the intersection order (reported, not gated). --sh-degree and
+  --tile-size are the run's.
+
 exit status: 0 ok, 1 a parity FAIL, 2 bad arguments (unknown arm, backend or scene).
 
 examples:
   tilesplat bench --scene garden --arms torch cpu:per_pixel cpu:per_splat --out garden.json
   tilesplat bench --scene synthetic:2000:64x48 --parity torch cpu:per_splat
   tilesplat bench --scene garden --arms cpu:per_pixel cpu:per_splat --self-noise 3
+  tilesplat bench --scene run:runs/synthetic --arms torch cpu:per_pixel cpu:per_splat
+  tilesplat bench --scene run:runs/synthetic --parity cpu:per_pixel cpu:per_splat
 """
 
 
@@ -38,15 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     parser.add_argument("--scene", default="synthetic:2000:64x48",
-                        help="'garden' or 'synthetic:N:WxH' (default: %(default)s)")
+                        help="'garden', 'synthetic:N:WxH' or 'run:RUN_DIR' (a training run "
+                             "folder or one checkpoint file) (default: %(default)s)")
     parser.add_argument("--arms", nargs="+", default=["torch"], metavar="ARM",
                         help="arms to time, the first is the baseline (default: torch)")
-    parser.add_argument("--iters", type=int, default=3,
-                        help="timed iterations per repeat (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="repeats; statistics are over repeats (default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed passes per arm before timing, >= 1 (default: %(default)s)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="timed iterations per repeat (default: 3; run scenes: 50)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="repeats; statistics are over repeats (default: 3)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed passes per arm before timing, >= 1 (default: 1; run "
+                             "scenes: 10)")
     parser.add_argument("--sh-degree", type=int, default=3,
                         help="SH degree of the colours, 0-4 (default: %(default)s)")
     parser.add_argument("--tile-size", type=int, default=16, help="default: %(default)s")
