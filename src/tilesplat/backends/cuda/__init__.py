@@ -13,9 +13,20 @@ except ImportError as exc:  # the registry reports it: backend 'cuda' unavailabl
         f"backend 'cuda' needs numba-cuda: pip install 'tilesplat[cuda]' ({exc})"
     ) from exc
 
+from .runtime import check_numba_cuda_version  # noqa: E402
+
+check_numba_cuda_version(getattr(numba_cuda, "__version__", "0"))
+
 from ..registry import DiffOp, register  # noqa: E402
 from . import covariance, isect, projection, rasterize_bwd, rasterize_fwd, sh  # noqa: E402
-from .runtime import SIMULATOR, get_options, reset_options, set_options  # noqa: E402
+from .runtime import (  # noqa: E402
+    SIMULATOR,
+    get_options,
+    launch_stats,
+    reset_launch_stats,
+    reset_options,
+    set_options,
+)
 
 if SIMULATOR:
     from .simulator import install as _install_warp_intrinsics
@@ -41,4 +52,4 @@ register(
     DiffOp(rasterize_fwd.rasterize_to_pixels_fwd, rasterize_bwd.rasterize_to_pixels_bwd),
 )
 
-__all__ = ["get_options", "reset_options", "set_options"]
+__all__ = ["get_options", "launch_stats", "reset_launch_stats", "reset_options", "set_options"]

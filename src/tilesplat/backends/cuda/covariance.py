@@ -8,7 +8,7 @@ import torch
 from numba import cuda
 
 from .device_math import device_math
-from .runtime import cdiv, empty, float_type, optional, stream, view
+from .runtime import cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
 TRIU = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
@@ -104,6 +104,7 @@ def _bwd_kernel(ft: type):
     return cuda.jit(make_covar_bwd(ft))
 
 
+@launcher
 def covar_preci_forward(
     quats: torch.Tensor,  # [M, 4]
     scales: torch.Tensor,  # [M, 3]
@@ -117,8 +118,9 @@ def covar_preci_forward(
     covars = empty((M, width), quats.dtype, quats.device) if compute_covar else None
     precis = empty((M, width), quats.dtype, quats.device) if compute_preci else None
     if M > 0 and (compute_covar or compute_preci):
-        _fwd_kernel(float_type(quats.dtype))[cdiv(M, THREADS), THREADS, stream(quats.device)](
-            view(quats), view(scales), bool(compute_covar), bool(compute_preci), bool(triu),
+        launch(
+            _fwd_kernel(float_type(quats.dtype)), cdiv(M, THREADS), THREADS, quats.device,
+            quats, scales, bool(compute_covar), bool(compute_preci), bool(triu),
             optional(covars, quats, 2), optional(precis, quats, 2),
         )  # fmt: skip
     shape = (M, 6) if triu else (M, 3, 3)
@@ -128,6 +130,7 @@ def covar_preci_forward(
     )
 
 
+@launcher
 def covar_preci_backward(
     quats: torch.Tensor,  # [M, 4]
     scales: torch.Tensor,  # [M, 3]
@@ -145,9 +148,10 @@ def covar_preci_backward(
         return None if v is None else v.reshape(M, width).contiguous()
 
     if M > 0 and (v_covars is not None or v_precis is not None):
-        _bwd_kernel(float_type(quats.dtype))[cdiv(M, THREADS), THREADS, stream(quats.device)](
-            view(quats), view(scales), optional(flat(v_covars), quats, 2),
+        launch(
+            _bwd_kernel(float_type(quats.dtype)), cdiv(M, THREADS), THREADS, quats.device,
+            quats, scales, optional(flat(v_covars), quats, 2),
             v_covars is not None, optional(flat(v_precis), quats, 2), v_precis is not None,
-            bool(triu), view(v_quats), view(v_scales),
+            bool(triu), v_quats, v_scales,
         )  # fmt: skip
     return v_quats, v_scales

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from .runtime import cdiv, empty, float_type, optional, stream, view
+from .runtime import INDEX_LIMIT, cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
 
@@ -122,6 +122,7 @@ def _depth_bits(depths: torch.Tensor) -> torch.Tensor:
     return bits & 0xFFFFFFFF
 
 
+@launcher
 @torch.no_grad()
 def isect_tiles(
     means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
@@ -146,24 +147,34 @@ def isect_tiles(
     if n_rows == 0:
         none = torch.zeros(0, dtype=torch.int64, device=device)
         return counts.reshape(lead), none, none.to(torch.int32)
+    if n_rows > INDEX_LIMIT:
+        raise ValueError(
+            f"{n_rows} projected Gaussians exceed the int32 range of flatten_ids in the cuda "
+            f"backend (at most {INDEX_LIMIT}); render fewer cameras per call"
+        )
     ft = float_type(m.dtype)
-    st = stream(device)
     blocks = cdiv(n_rows, THREADS)
-    _count_kernel(ft)[blocks, THREADS, st](
-        view(m), view(r), tile_size, tile_width, tile_height, view(counts)
-    )
+    launch(_count_kernel(ft), blocks, THREADS, device, m, r, tile_size, tile_width,
+           tile_height, counts)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
     n = int(ends[-1])  # the one host synchronisation: the size of the lists
+    if n > INDEX_LIMIT:
+        raise ValueError(
+            f"{n} tile intersections exceed the int32 index range of the cuda backend "
+            f"(isect_offsets, flatten_ids and last_ids hold at most {INDEX_LIMIT}); render "
+            "fewer cameras per call, fewer or smaller Gaussians, or use a larger tile_size"
+        )
     isect_ids = empty(max(n, 1), torch.int64, device)
     flatten_ids = empty(max(n, 1), torch.int32, device)
     packed = image_ids is not None
     n_per_image = 1 if packed else max(means2d.shape[-2], 1)
     bits = (tile_width * tile_height).bit_length()
     ids = None if image_ids is None else image_ids.to(torch.int32).contiguous()
-    _fill_kernel(ft)[blocks, THREADS, st](
-        view(m), view(r), view(_depth_bits(depths.reshape(-1))),
+    launch(
+        _fill_kernel(ft), blocks, THREADS, device,
+        m, r, _depth_bits(depths.reshape(-1)),
         optional(ids, counts, 1, torch.int32), packed, n_per_image, tile_size, tile_width,
-        tile_height, bits, view(ends), view(isect_ids), view(flatten_ids),
+        tile_height, bits, ends, isect_ids, flatten_ids,
     )  # fmt: skip
     isect_ids, flatten_ids = isect_ids[:n], flatten_ids[:n]
     if sort and n > 0:
@@ -172,6 +183,7 @@ def isect_tiles(
     return counts.reshape(lead), isect_ids, flatten_ids
 
 
+@launcher
 @torch.no_grad()
 def isect_offset_encode(
     isect_ids: torch.Tensor,  # [n] int64, sorted
@@ -187,7 +199,6 @@ def isect_offset_encode(
         return torch.zeros((n_images, tile_height, tile_width), dtype=torch.int32, device=device)
     offsets = empty(n_images * n_tiles, torch.int32, device)
     bits = (tile_width * tile_height).bit_length()
-    _offset_kernel()[cdiv(n, THREADS), THREADS, stream(device)](
-        view(isect_ids.contiguous()), bits, n_tiles, view(offsets)
-    )
+    launch(_offset_kernel(), cdiv(n, THREADS), THREADS, device, isect_ids.contiguous(), bits,
+           n_tiles, offsets)
     return offsets.reshape(n_images, tile_height, tile_width)

@@ -41,7 +41,7 @@ class KernelSpec:
 def _raster_common(F):
     b, i64, i32 = nt.boolean, nt.int64, nt.int32
     return (_arr(F, 2), _arr(F, 2), _arr(F, 2), _arr(F, 1), _arr(F, 2), b, _arr(b, 3), b,
-            i64, i64, _arr(i32, 1), _arr(i32, 1), i64)  # fmt: skip
+            i64, i64, _arr(i32, 1), _arr(i32, 1), i64, i64, i64)  # fmt: skip
 
 
 def _raster_grads(F):
@@ -49,18 +49,40 @@ def _raster_grads(F):
 
 
 def _fwd_args(F):
-    return _raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(nt.int32, 3))
+    return _raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(nt.int32, 3), _arr(F, 4))
 
 
 def _per_pixel_args(F):
     b = nt.boolean
-    return (_raster_common(F) + (_arr(F, 4), _arr(nt.int32, 3), _arr(F, 4), _arr(F, 4), b, b,
-            b) + _raster_grads(F))  # fmt: skip
+    return (_raster_common(F) + (_arr(F, 4), _arr(F, 4), b, _arr(nt.int32, 3), _arr(F, 4),
+            _arr(F, 4), b, b) + _raster_grads(F))  # fmt: skip
 
 
 def _per_splat_args(F):
-    return (_raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(F, 4), nt.boolean)
+    return (_raster_common(F) + (_arr(F, 4), _arr(F, 4), _arr(F, 4), nt.boolean)
             + _raster_grads(F))  # fmt: skip
+
+
+def raster_spec(kernel: str, tile_size: int, channels: int, variant: int = 0) -> KernelSpec:
+    """A rasterization kernel in any configuration the launchers allow: ``kernel`` is
+    ``forward`` (``variant``: what it keeps, ``rasterize_fwd.KEEP_*``), ``per_pixel`` or
+    ``per_splat`` (``variant``: the splat batch, 32 or 256)."""
+    name = f"{kernel}-t{tile_size}-c{channels}-v{variant}"
+    if kernel == "forward":
+        return KernelSpec(name, lambda ft: make_rasterize_fwd(ft, tile_size, channels, variant),
+                          _fwd_args)
+    if kernel == "per_pixel":
+        return KernelSpec(name, lambda ft: make_bwd_per_pixel(ft, tile_size, channels),
+                          _per_pixel_args)
+    if kernel == "per_splat":
+        return KernelSpec(name, lambda ft: make_bwd_per_splat(ft, tile_size, channels, variant),
+                          _per_splat_args)
+    raise ValueError(f"kernel must be forward, per_pixel or per_splat, got {kernel!r}")
+
+
+def block_threads(kernel: str, tile_size: int, variant: int = 0) -> int:
+    """Threads per block the launchers use for ``kernel`` (also its launch bound)."""
+    return variant if kernel == "per_splat" else tile_size * tile_size
 
 
 def _count_args(F):
@@ -117,6 +139,8 @@ def _sh_bwd_args(F):
 
 KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS), _fwd_args),
+    KernelSpec("rasterize_fwd_keep_sum",
+               lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS, 2), _fwd_args),
     KernelSpec("rasterize_bwd_per_pixel", lambda ft: make_bwd_per_pixel(ft, TILE, CHANNELS),
                _per_pixel_args),
     KernelSpec("rasterize_bwd_per_splat_32",
@@ -136,10 +160,12 @@ KERNELS: tuple[KernelSpec, ...] = (
 )
 
 
-def compile_ptx(spec: KernelSpec, ft: type, cc: tuple[int, int]) -> str:
-    """The PTX of one kernel for float type ``ft`` and compute capability ``cc``."""
+def compile_ptx(spec: KernelSpec, ft: type, cc: tuple[int, int],
+                threads: int | None = None) -> str:
+    """The PTX of one kernel for float type ``ft`` and compute capability ``cc``;
+    ``threads``: the launch bound the launchers compile it with (``runtime.jit``)."""
     from numba import cuda
 
     F = nt.float32 if ft is np.float32 else nt.float64
-    ptx, _ = cuda.compile_ptx(spec.body(ft), spec.args(F), cc=cc)
+    ptx, _ = cuda.compile_ptx(spec.body(ft), spec.args(F), cc=cc, launch_bounds=threads)
     return ptx

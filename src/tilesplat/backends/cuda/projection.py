@@ -16,7 +16,7 @@ from numba import cuda
 
 from ...constants import ALPHA_SKIP, RADIUS_SIGMAS
 from .device_math import device_math
-from .runtime import cdiv, empty, float_type, optional, stream, view
+from .runtime import cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
 MODELS = {"pinhole": 0, "ortho": 1, "fisheye": 2}
@@ -307,6 +307,7 @@ def _model(camera_model: str) -> int:
     return MODELS[camera_model]
 
 
+@launcher
 def projection_forward(
     means: torch.Tensor,  # [B, N, 3]
     covars: torch.Tensor | None,  # [B, N, 6]
@@ -337,17 +338,18 @@ def projection_forward(
     total = B * C * N
     if total == 0:
         return radii, means2d, depths, conics, comps
-    _fwd_kernel(float_type(dtype))[cdiv(total, THREADS), THREADS, stream(device)](
-        view(means), optional(covars, means, 3), optional(quats, means, 3),
+    launch(
+        _fwd_kernel(float_type(dtype)), cdiv(total, THREADS), THREADS, device,
+        means, optional(covars, means, 3), optional(quats, means, 3),
         optional(scales, means, 3), covars is not None, optional(opacities, means, 2),
-        opacities is not None, view(viewmats), view(Ks), width, height, float(eps2d),
+        opacities is not None, viewmats, Ks, width, height, float(eps2d),
         float(near_plane), float(far_plane), float(radius_clip), bool(calc_compensations),
-        _model(camera_model), view(radii), view(means2d), view(depths), view(conics),
-        optional(comps, means, 3),
+        _model(camera_model), radii, means2d, depths, conics, optional(comps, means, 3),
     )  # fmt: skip
     return radii, means2d, depths, conics, comps
 
 
+@launcher
 def projection_backward(
     means: torch.Tensor,  # [B, N, 3]
     covars: torch.Tensor | None,  # [B, N, 6]
@@ -384,15 +386,15 @@ def projection_backward(
     calc_comp = compensations is not None and v_compensations is not None
     total = B * C * N
     if total > 0:
-        _bwd_kernel(float_type(means.dtype))[cdiv(total, THREADS), THREADS, stream(device)](
-            view(means), optional(covars, means, 3), optional(quats, means, 3),
-            optional(scales, means, 3), covars is not None, view(viewmats), view(Ks),
-            width, height, float(eps2d), _model(camera_model), view(radii.contiguous()),
-            view(v_means2d.contiguous()), view(v_depths.contiguous()),
-            view(v_conics.contiguous()),
+        launch(
+            _bwd_kernel(float_type(means.dtype)), cdiv(total, THREADS), THREADS, device,
+            means, optional(covars, means, 3), optional(quats, means, 3),
+            optional(scales, means, 3), covars is not None, viewmats, Ks,
+            width, height, float(eps2d), _model(camera_model), radii.contiguous(),
+            v_means2d.contiguous(), v_depths.contiguous(), v_conics.contiguous(),
             optional(v_compensations.contiguous() if calc_comp else None, means, 3),
-            calc_comp, bool(need_v_viewmats), view(v_means), optional(v_covars, means, 3),
-            optional(v_quats, means, 3), optional(v_scales, means, 3), view(v_view),
+            calc_comp, bool(need_v_viewmats), v_means, optional(v_covars, means, 3),
+            optional(v_quats, means, 3), optional(v_scales, means, 3), v_view,
         )  # fmt: skip
     v_viewmats = None
     if need_v_viewmats:

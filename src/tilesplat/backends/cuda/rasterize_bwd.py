@@ -2,16 +2,24 @@
 
 ``per_pixel`` (as gsplat): one block per tile, one thread per pixel. Batches of the tile's
 splats are loaded into shared memory back to front; each pixel starts at its ``last_id`` and
-recovers the transmittance before each splat by dividing by ``1 - alpha``. Each splat's
-gradient is summed over the warp with shuffles and added with one atomic per component.
-With ``warp_skip`` a warp starts a batch at its largest ``last_id`` and skips a splat that
-none of its lanes needs.
+the transmittance the forward kept, and recovers the transmittance before each splat by
+dividing by ``1 - alpha``. Each splat's gradient is summed over the warp with shuffles and
+added with one atomic per component. With ``warp_skip`` a warp starts a batch at its largest
+``last_id`` and skips a splat that none of its lanes needs.
 
 ``per_splat`` (brush PR #401): one block per tile with one thread per splat of a batch of
-``splat_batch`` splats. The pixels' state (transmittance, colour still to come) lives in
-shared memory and is replayed front to back: at step ``i`` thread ``j`` handles pixel
-``i - j``, so every pixel sees the splats in order and no two threads touch one pixel. Each
-thread keeps its splat's gradient in registers and adds it once per batch.
+``splat_batch`` splats. The pixels' state lives in shared memory and is replayed front to
+back: at step ``i`` thread ``j`` handles pixel ``i - j``, so every pixel sees the splats in
+order and no two threads touch one pixel. Each thread keeps its splat's gradient in
+registers and adds it once per batch. A pixel's state is its transmittance and, per
+channel, the colour still to come, which starts from the forward's colour sum (kept as
+``hi + lo``) and loses each splat's colour through the same :func:`add_product` the forward
+added it with: near saturation it is a difference of nearly equal numbers, which one
+float32 would hold to ~1e-7 of the pixel's colour only (the CPU backend keeps it in float64).
+
+Colour arrays (``per_pixel``: the batch's splat colours; ``per_splat``: the colour still to
+come) live in shared memory while they fit 48 KB, else in global memory
+(``raster_limits.colors_in_shared``).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ import torch
 from numba import cuda
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
-from .runtime import float_type, get_options, optional, stream, view
+from . import raster_limits
+from .rasterize_fwd import device_add_product
+from .runtime import float_type, get_options, jit, launch, launcher, optional
 
 
 def _constants(ft: type):
@@ -37,22 +47,28 @@ def _constants(ft: type):
 def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
     """The Python body of the ``per_pixel`` backward kernel."""
     block = tile_size * tile_size
+    batch = raster_limits.batch_size(tile_size)
     n_warps = (block + 31) // 32
+    fb = np.dtype(ft).itemsize
+    shared_rgb = raster_limits.colors_in_shared("per_pixel", fb, tile_size, channels)
+    rgb_rows = batch if shared_rgb else 1
     zero, one, half, center, clamp, skip, _ = _constants(ft)
 
     def rasterize_bwd_per_pixel(
         means2d, conics, colors, opacities,  # [G, 2], [G, 3], [G, D], [G]
         backgrounds, has_bg, masks, has_mask,  # [I, D], [I, TH, TW]
         width, height, offsets, flatten_ids, n_isects,  # [I*TH*TW], [n]
-        render_alphas, last_ids,  # [I, H, W, 1], [I, H, W]
+        image0, n_images,  # first image of this launch, all images
+        render_alphas, extra, has_t,  # [I, H, W, 1], [I, H, W, E] (T_final at 0)
+        last_ids,  # [I, H, W]
         v_render_colors, v_render_alphas,  # [I, H, W, D], [I, H, W, 1]
-        warp_skip, exact_t, absgrad,
+        warp_skip, absgrad,
         v_means2d, v_conics, v_colors, v_opacities, v_abs,  # outputs, zero-filled
     ):  # fmt: skip
-        s_id = cuda.shared.array(block, np.int32)
-        s_xyo = cuda.shared.array((block, 3), ft)
-        s_conic = cuda.shared.array((block, 3), ft)
-        s_rgb = cuda.shared.array((block, channels), ft)
+        s_id = cuda.shared.array(batch, np.int32)
+        s_xyo = cuda.shared.array((batch, 3), ft)
+        s_conic = cuda.shared.array((batch, 3), ft)
+        s_rgb = cuda.shared.array((rgb_rows, channels), ft)
         s_warp_bin = cuda.shared.array(n_warps, np.int32)
         buf = cuda.local.array(channels, ft)
         v_out = cuda.local.array(channels, ft)
@@ -60,7 +76,7 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
 
         tile_x = cuda.blockIdx.x
         tile_y = cuda.blockIdx.y
-        image = cuda.blockIdx.z
+        image = image0 + cuda.blockIdx.z
         tw = cuda.gridDim.x
         th = cuda.gridDim.y
         if has_mask and not masks[image, tile_y, tile_x]:
@@ -80,9 +96,12 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
 
         tile = (image * th + tile_y) * tw + tile_x
         start = offsets[tile]
-        end = n_isects if tile == cuda.gridDim.z * th * tw - 1 else offsets[tile + 1]
+        end = n_isects if tile == n_images * th * tw - 1 else offsets[tile + 1]
 
-        t_final = one - render_alphas[image, pyc, pxc, 0]
+        if has_t:
+            t_final = extra[image, pyc, pxc, 0]
+        else:
+            t_final = one - render_alphas[image, pyc, pxc, 0]
         T = t_final
         bin_final = last_ids[image, pyc, pxc] if inside else -1
         bg_dot = zero
@@ -100,46 +119,13 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
         cuda.syncthreads()
         warp_bin = s_warp_bin[rank // 32]
 
-        n_batches = (end - start + block - 1) // block
-        if exact_t:
-            # 1 - render_alphas loses T_final's precision when T_final is small (6e-8 absolute
-            # is 6e-4 relative at T = 1e-4); replay the forward's product instead
-            T = one
-            for b in range(n_batches):
-                first = start + b * block
-                if cuda.syncthreads_or(np.int32(1 if bin_final >= first else 0)) == 0:
-                    break
-                idx = first + rank
-                if idx < end:
-                    g = flatten_ids[idx]
-                    s_xyo[rank, 0] = means2d[g, 0]
-                    s_xyo[rank, 1] = means2d[g, 1]
-                    s_xyo[rank, 2] = opacities[g]
-                    s_conic[rank, 0] = conics[g, 0]
-                    s_conic[rank, 1] = conics[g, 1]
-                    s_conic[rank, 2] = conics[g, 2]
-                cuda.syncthreads()
-                for t in range(min(block, end - first)):
-                    if first + t > bin_final:
-                        break
-                    dx = s_xyo[t, 0] - fx
-                    dy = s_xyo[t, 1] - fy
-                    sigma = half * (s_conic[t, 0] * dx * dx + s_conic[t, 2] * dy * dy) + (
-                        s_conic[t, 1] * dx * dy
-                    )
-                    if sigma < zero:
-                        continue
-                    alpha = min(clamp, s_xyo[t, 2] * math.exp(-sigma))
-                    if alpha < skip:
-                        continue
-                    T = T * (one - alpha)
-            t_final = T
+        n_batches = (end - start + batch - 1) // batch
         for b in range(n_batches):
             cuda.syncthreads()
-            batch_end = end - 1 - block * b
-            size = min(block, batch_end + 1 - start)
+            batch_end = end - 1 - batch * b
+            size = min(batch, batch_end + 1 - start)
             idx = batch_end - rank
-            if idx >= start:
+            if rank < batch and idx >= start:
                 g = flatten_ids[idx]
                 s_id[rank] = g
                 s_xyo[rank, 0] = means2d[g, 0]
@@ -148,8 +134,9 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                 s_conic[rank, 0] = conics[g, 0]
                 s_conic[rank, 1] = conics[g, 1]
                 s_conic[rank, 2] = conics[g, 2]
-                for k in range(channels):
-                    s_rgb[rank, k] = colors[g, k]
+                if shared_rgb:
+                    for k in range(channels):
+                        s_rgb[rank, k] = colors[g, k]
             cuda.syncthreads()
             t0 = max(0, batch_end - warp_bin) if warp_skip else 0
             for t in range(t0, size):
@@ -172,6 +159,7 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                         valid = False
                 if warp_skip and not cuda.any_sync(mask, valid):
                     continue
+                g = s_id[t]
                 v_x = zero
                 v_y = zero
                 v_ca = zero
@@ -186,8 +174,10 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                     fac = alpha * T
                     v_alpha = zero
                     for k in range(channels):
+                        c = s_rgb[t, k] if shared_rgb else colors[g, k]
                         v_rgb[k] = fac * v_out[k]
-                        v_alpha += (s_rgb[t, k] * T - buf[k] * ra) * v_out[k]
+                        v_alpha += (c * T - buf[k] * ra) * v_out[k]
+                        buf[k] += c * fac
                     v_alpha += t_final * ra * (v_alpha_out - bg_dot)
                     if opac * gauss <= clamp:
                         v_sigma = -opac * gauss * v_alpha
@@ -197,8 +187,6 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                         v_x = v_sigma * (s_conic[t, 0] * dx + s_conic[t, 1] * dy)
                         v_y = v_sigma * (s_conic[t, 1] * dx + s_conic[t, 2] * dy)
                         v_op = gauss * v_alpha
-                    for k in range(channels):
-                        buf[k] += s_rgb[t, k] * fac
                 a_x = abs(v_x)
                 a_y = abs(v_y)
                 off = 16
@@ -227,7 +215,6 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                         a_y += o if ok else zero
                     off //= 2
                 if lane == 0:
-                    g = s_id[t]
                     for k in range(channels):
                         cuda.atomic.add(v_colors, (g, k), v_rgb[k])
                     cuda.atomic.add(v_means2d, (g, 0), v_x)
@@ -246,27 +233,32 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
 def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int):
     """The Python body of the ``per_splat`` backward kernel (``splat_batch`` threads)."""
     pixels = tile_size * tile_size
+    fb = np.dtype(ft).itemsize
+    shared_rest = raster_limits.colors_in_shared("per_splat", fb, tile_size, channels)
+    rest_rows = pixels if shared_rest else 1
     zero, one, half, center, clamp, skip, stop = _constants(ft)
 
     def rasterize_bwd_per_splat(
         means2d, conics, colors, opacities,  # [G, 2], [G, 3], [G, D], [G]
         backgrounds, has_bg, masks, has_mask,  # [I, D], [I, TH, TW]
         width, height, offsets, flatten_ids, n_isects,  # [I*TH*TW], [n]
-        render_colors, render_alphas,  # [I, H, W, D], [I, H, W, 1]
+        image0, n_images,  # first image of this launch, all images
+        extra,  # [I, H, W, 1 + 2D]: T_final, colour sum hi [D], lo [D] (rasterize_fwd);
+        # when the colour still to come does not fit shared memory it lives here (a copy)
         v_render_colors, v_render_alphas,  # [I, H, W, D], [I, H, W, 1]
         absgrad,
         v_means2d, v_conics, v_colors, v_opacities, v_abs,  # outputs, zero-filled
     ):  # fmt: skip
         s_T = cuda.shared.array(pixels, ft)  # transmittance; 0 once the pixel stopped
-        s_rest = cuda.shared.array((pixels, channels), ft)  # colour still to come
-        s_vout = cuda.shared.array((pixels, channels), ft)  # d loss / d render colour
         s_vw = cuda.shared.array(pixels, ft)  # (v_alpha - bg . v_colour) * T_final
+        s_hi = cuda.shared.array((rest_rows, channels), ft)  # colour still to come, high
+        s_lo = cuda.shared.array((rest_rows, channels), ft)  # and low part
         rgb = cuda.local.array(channels, ft)
         g_rgb = cuda.local.array(channels, ft)
 
         tile_x = cuda.blockIdx.x
         tile_y = cuda.blockIdx.y
-        image = cuda.blockIdx.z
+        image = image0 + cuda.blockIdx.z
         tw = cuda.gridDim.x
         th = cuda.gridDim.y
         if has_mask and not masks[image, tile_y, tile_x]:
@@ -279,14 +271,14 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
             px = x0 + p % tile_size
             py = y0 + p // tile_size
             if px < width and py < height:
-                t_final = one - render_alphas[image, py, px, 0]
                 bg_dot = zero
                 for k in range(channels):
-                    bg = backgrounds[image, k] if has_bg else zero
-                    v = v_render_colors[image, py, px, k]
-                    s_rest[p, k] = render_colors[image, py, px, k] - t_final * bg
-                    s_vout[p, k] = v
-                    bg_dot += bg * v
+                    if has_bg:
+                        bg_dot += backgrounds[image, k] * v_render_colors[image, py, px, k]
+                    if shared_rest:
+                        s_hi[p, k] = extra[image, py, px, 1 + k]
+                        s_lo[p, k] = extra[image, py, px, 1 + channels + k]
+                t_final = extra[image, py, px, 0]
                 s_vw[p] = (v_render_alphas[image, py, px, 0] - bg_dot) * t_final
                 s_T[p] = one
             else:
@@ -294,7 +286,7 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
 
         tile = (image * th + tile_y) * tw + tile_x
         start = offsets[tile]
-        end = n_isects if tile == cuda.gridDim.z * th * tw - 1 else offsets[tile + 1]
+        end = n_isects if tile == n_images * th * tw - 1 else offsets[tile + 1]
         n_batches = (end - start + splat_batch - 1) // splat_batch
         for b in range(n_batches):
             live = np.int32(0)
@@ -337,8 +329,10 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
                 if active and p >= 0 and p < pixels:
                     T = s_T[p]
                     if T > zero:
-                        dx = mx - (ft(x0 + p % tile_size) + center)
-                        dy = my - (ft(y0 + p // tile_size) + center)
+                        px = x0 + p % tile_size
+                        py = y0 + p // tile_size
+                        dx = mx - (ft(px) + center)
+                        dy = my - (ft(py) + center)
                         sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
                         if sigma >= zero:
                             gauss = math.exp(-sigma)
@@ -349,14 +343,27 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
                                     s_T[p] = zero
                                 else:
                                     w = alpha * T
-                                    v_alpha = zero
+                                    # d loss / d alpha = (sum_k (T (1 - alpha) rgb_k - rest_k)
+                                    # v_k + vw) / (1 - alpha), rest: after this splat
+                                    v_alpha = s_vw[p]
                                     for k in range(channels):
-                                        v = s_vout[p, k]
-                                        rest = s_rest[p, k]
+                                        if shared_rest:
+                                            hi = s_hi[p, k]
+                                            lo = s_lo[p, k]
+                                        else:
+                                            hi = extra[image, py, px, 1 + k]
+                                            lo = extra[image, py, px, 1 + channels + k]
+                                        hi, lo = device_add_product(hi, lo, rgb[k], -w)
+                                        if shared_rest:
+                                            s_hi[p, k] = hi
+                                            s_lo[p, k] = lo
+                                        else:
+                                            extra[image, py, px, 1 + k] = hi
+                                            extra[image, py, px, 1 + channels + k] = lo
+                                        v = v_render_colors[image, py, px, k]
                                         g_rgb[k] += w * v
-                                        v_alpha += (T * rgb[k] - rest) * v
-                                        s_rest[p, k] = rest - w * rgb[k]
-                                    v_alpha = (v_alpha + s_vw[p]) / (one - alpha)
+                                        v_alpha += (t_next * rgb[k] - (hi + lo)) * v
+                                    v_alpha = v_alpha / (one - alpha)
                                     if opac * gauss <= clamp:
                                         v_sigma = -opac * gauss * v_alpha
                                         v_ca += half * v_sigma * dx * dx
@@ -389,14 +396,15 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
 
 @cache
 def per_pixel_kernel(ft: type, tile_size: int, channels: int):
-    return cuda.jit(make_bwd_per_pixel(ft, tile_size, channels))
+    return jit(make_bwd_per_pixel(ft, tile_size, channels), tile_size * tile_size)
 
 
 @cache
 def per_splat_kernel(ft: type, tile_size: int, channels: int, splat_batch: int):
-    return cuda.jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch))
+    return jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch), splat_batch)
 
 
+@launcher
 def rasterize_to_pixels_bwd(
     means2d: torch.Tensor,  # [G, 2]
     conics: torch.Tensor,  # [G, 3]
@@ -416,12 +424,15 @@ def rasterize_to_pixels_bwd(
     v_render_alphas: torch.Tensor,  # [I, H, W, 1]
     absgrad: bool,
     scheme: str,
-    extra: None,
+    extra: torch.Tensor | None,  # [I, H, W, E] (rasterize_fwd's, for ``scheme``)
 ) -> tuple:
-    """Launcher (``extra``: the forward's, always None here): returns (v_means2d [G,2],
-    v_conics [G,3], v_colors [G,D], v_opacities [G],
+    """Launcher: returns (v_means2d [G,2], v_conics [G,3], v_colors [G,D], v_opacities [G],
     v_backgrounds [I,D] | None, absgrad_means2d [G,2] | None)."""
+    del render_colors
+    raster_limits.check_tile_size(tile_size)
     n_images, th, tw = isect_offsets.shape
+    n = flatten_ids.shape[0]
+    raster_limits.check_grid(tw, th, n)
     channels = colors.shape[-1]
     v_means2d = torch.zeros_like(means2d)
     v_conics = torch.zeros_like(conics)
@@ -432,38 +443,45 @@ def rasterize_to_pixels_bwd(
     if backgrounds is not None:
         # render = ... + T_final * background for every pixel, a masked tile included
         v_backgrounds = (v_render_colors * (1.0 - render_alphas)).sum(dim=(1, 2))
-    n = flatten_ids.shape[0]
     if n == 0 or n_images == 0 or width == 0 or height == 0:
         return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs
     v_render_colors = v_render_colors.contiguous()
     v_render_alphas = v_render_alphas.contiguous()
     ft = float_type(means2d.dtype)
     options = get_options()
+    device = means2d.device
     common = (
-        view(means2d), view(conics), view(colors), view(opacities),
+        means2d, conics, colors, opacities,
         optional(backgrounds, means2d, 2), backgrounds is not None,
         optional(masks, means2d, 3, torch.bool), masks is not None,
-        width, height, view(isect_offsets.reshape(-1)), view(flatten_ids), n,
+        width, height, isect_offsets.reshape(-1), flatten_ids, n,
     )  # fmt: skip
-    outputs = (
-        view(v_means2d), view(v_conics), view(v_colors), view(v_opacities),
-        optional(v_abs, means2d, 2),
-    )  # fmt: skip
-    grid = (tw, th, n_images)
+    outputs = (v_means2d, v_conics, v_colors, v_opacities, optional(v_abs, means2d, 2))
     if scheme == "per_pixel":
         kernel = per_pixel_kernel(ft, tile_size, channels)
-        kernel[grid, (tile_size, tile_size), stream(means2d.device)](
-            *common, view(render_alphas), view(last_ids), view(v_render_colors),
-            view(v_render_alphas), options["warp_skip"], options["exact_transmittance"], absgrad,
-            *outputs,
-        )  # fmt: skip
+        has_t = options["exact_transmittance"] and extra is not None
+        for image0, n_block in raster_limits.image_chunks(n_images):
+            launch(
+                kernel, (tw, th, n_block), (tile_size, tile_size), device,
+                *common, image0, n_images, render_alphas,
+                extra if has_t else optional(None, means2d, 4), has_t, last_ids,
+                v_render_colors, v_render_alphas, options["warp_skip"], absgrad, *outputs,
+            )  # fmt: skip
     elif scheme == "per_splat":
+        if extra is None or extra.shape[-1] != 1 + 2 * channels:
+            raise ValueError("the per_splat backward needs the forward's colour sum: run the "
+                             "forward with backward_scheme='per_splat'")
         batch = options["splat_batch"]
         kernel = per_splat_kernel(ft, tile_size, channels, batch)
-        kernel[grid, batch, stream(means2d.device)](
-            *common, view(render_colors), view(render_alphas), view(v_render_colors),
-            view(v_render_alphas), absgrad, *outputs,
-        )  # fmt: skip
+        if not raster_limits.colors_in_shared("per_splat", np.dtype(ft).itemsize, tile_size,
+                                              channels):
+            extra = extra.clone()  # the kernel keeps the colour still to come in it
+        for image0, n_block in raster_limits.image_chunks(n_images):
+            launch(
+                kernel, (tw, th, n_block), batch, device,
+                *common, image0, n_images, extra, v_render_colors, v_render_alphas, absgrad,
+                *outputs,
+            )  # fmt: skip
     else:
         raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
     return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

@@ -1,10 +1,23 @@
 """Forward rasterization kernel: one block per tile, one thread per pixel.
 
-Each block walks its tile's intersections front to back in batches of ``tile_size**2``
-splats: every thread loads one splat of the batch into shared memory, then every thread
-composites the whole batch for its pixel. The block stops as soon as every pixel of the tile
-is saturated (``syncthreads_count``). Kernels are specialised (and cached) per float type,
-tile size and channel count, which fixes the shared and local array sizes at compile time.
+Each block walks its tile's intersections front to back in batches of
+``min(tile_size**2, 256)`` splats: the first threads load one splat of the batch each into
+shared memory, then every thread composites the whole batch for its pixel. The block stops
+as soon as every pixel of the tile is saturated (``syncthreads_count``). Kernels are
+specialised (and cached) per float type, tile size, channel count and what they keep for the
+backward, which fixes the shared and local array sizes at compile time; launches are planned
+by :mod:`.raster_limits` (tile size, image chunks).
+
+What the forward keeps for the backward (``extra`` [I, H, W, E]):
+
+- ``per_pixel``: ``E = 1``, the final transmittance, which ``1 - render_alphas`` holds only
+  to ~6e-8 absolute (6e-4 relative near the 1e-4 stop);
+- ``per_splat``: ``E = 1 + 2D``, the transmittance, then the colour sum before the
+  background as an unevaluated pair ``hi + lo`` (``lo`` collects the rounding error of each
+  addition, TwoSum: :func:`add_product`). The backward subtracts each splat's colour from
+  it, so near saturation the colour still to come is a difference of nearly equal numbers;
+  with one float32 its error would be ~1e-7 of the pixel's colour, i.e. ~1e-3 of what is
+  left at T = 1e-4.
 """
 
 from __future__ import annotations
@@ -17,12 +30,39 @@ import torch
 from numba import cuda
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
-from .runtime import empty, float_type, optional, stream, view
+from . import raster_limits
+from .runtime import empty, float_type, jit, launch, launcher, optional
+
+KEEP_NONE, KEEP_T, KEEP_SUM = 0, 1, 2
+KEEP = {None: KEEP_NONE, "per_pixel": KEEP_T, "per_splat": KEEP_SUM}
 
 
-def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
-    """The Python body of the forward kernel for float type ``ft`` (np.float32/np.float64)."""
+def extra_width(keep: int, channels: int) -> int:
+    """E, the last dim of the ``extra`` tensor the forward keeps."""
+    return (0, 1, 1 + 2 * channels)[keep]
+
+
+def add_product(hi, lo, c, w):
+    """``(hi, lo) + c * w`` with the rounding error of the addition kept in ``lo`` (TwoSum).
+    The forward adds each splat's colour with it and the ``per_splat`` backward subtracts the
+    same colour with it (``w`` negated, which negates the product exactly): both kernels
+    inline this one body, so they round (and contract to FMA) alike and the colour still to
+    come is exact up to the splats that come after."""
+    p = c * w
+    s = hi + p
+    bb = s - hi
+    return s, lo + ((hi - (s - bb)) + (p - bb))
+
+
+device_add_product = cuda.jit(device=True, inline=True)(add_product)
+
+
+def make_rasterize_fwd(ft: type, tile_size: int, channels: int, keep: int = KEEP_NONE):
+    """The Python body of the forward kernel for float type ``ft`` (np.float32/np.float64),
+    ``channels`` colour channels and ``keep`` (``KEEP_*``)."""
     block = tile_size * tile_size
+    batch = raster_limits.batch_size(tile_size)
+    lo_width = channels if keep == KEEP_SUM else 1
     zero = ft(0.0)
     one = ft(1.0)
     center = ft(PIXEL_CENTER)
@@ -45,18 +85,22 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
         offsets,  # [I * TH * TW] first intersection of each tile
         flatten_ids,  # [n] intersection -> splat row
         n_isects,
+        image0,  # first image of this launch (blockIdx.z = image - image0)
+        n_images,  # I, all images (the last tile's list ends at n_isects)
         out_colors,  # [I, H, W, D]
         out_alphas,  # [I, H, W, 1]
         out_last,  # [I, H, W] int32
+        out_extra,  # [I, H, W, E] (placeholder when keep is KEEP_NONE)
     ):
-        s_id = cuda.shared.array(block, np.int32)
-        s_xyo = cuda.shared.array((block, 3), ft)
-        s_conic = cuda.shared.array((block, 3), ft)
+        s_id = cuda.shared.array(batch, np.int32)
+        s_xyo = cuda.shared.array((batch, 3), ft)
+        s_conic = cuda.shared.array((batch, 3), ft)
         acc = cuda.local.array(channels, ft)
+        lo = cuda.local.array(lo_width, ft)
 
         tile_x = cuda.blockIdx.x
         tile_y = cuda.blockIdx.y
-        image = cuda.blockIdx.z
+        image = image0 + cuda.blockIdx.z
         tw = cuda.gridDim.x
         th = cuda.gridDim.y
         rank = cuda.threadIdx.y * tile_size + cuda.threadIdx.x
@@ -66,29 +110,28 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
 
         for k in range(channels):
             acc[k] = zero
-        if has_mask and not masks[image, tile_y, tile_x]:
-            if inside:  # uniform per block: no thread reaches a barrier below
-                for k in range(channels):
-                    out_colors[image, py, px, k] = backgrounds[image, k] if has_bg else zero
-                out_alphas[image, py, px, 0] = zero
-                out_last[image, py, px] = -1
-            return
-
-        tile = (image * th + tile_y) * tw + tile_x
-        start = offsets[tile]
-        end = n_isects if tile == cuda.gridDim.z * th * tw - 1 else offsets[tile + 1]
-        fx = ft(px) + center
-        fy = ft(py) + center
+        for k in range(lo_width):
+            lo[k] = zero
         T = one
         last = -1
-        done = not inside
-        n_batches = (end - start + block - 1) // block
+        if has_mask and not masks[image, tile_y, tile_x]:
+            done = True  # uniform per block: no thread reaches a barrier below
+            start = 0
+            end = 0
+        else:
+            done = not inside
+            tile = (image * th + tile_y) * tw + tile_x
+            start = offsets[tile]
+            end = n_isects if tile == n_images * th * tw - 1 else offsets[tile + 1]
+        fx = ft(px) + center
+        fy = ft(py) + center
+        n_batches = (end - start + batch - 1) // batch
         for b in range(n_batches):
             # also the barrier that protects the shared batch from the previous round
             if cuda.syncthreads_count(np.int32(1 if done else 0)) == block:
                 break
-            idx = start + b * block + rank
-            if idx < end:
+            idx = start + b * batch + rank
+            if rank < batch and idx < end:
                 g = flatten_ids[idx]
                 s_id[rank] = g
                 s_xyo[rank, 0] = means2d[g, 0]
@@ -98,7 +141,7 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
                 s_conic[rank, 1] = conics[g, 1]
                 s_conic[rank, 2] = conics[g, 2]
             cuda.syncthreads()
-            size = min(block, end - start - b * block)
+            size = min(batch, end - start - b * batch)
             for t in range(size):
                 if done:
                     break
@@ -119,8 +162,11 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
                 w = alpha * T
                 g = s_id[t]
                 for k in range(channels):
-                    acc[k] += colors[g, k] * w
-                last = start + b * block + t
+                    if keep == KEEP_SUM:
+                        acc[k], lo[k] = device_add_product(acc[k], lo[k], colors[g, k], w)
+                    else:
+                        acc[k] += colors[g, k] * w
+                last = start + b * batch + t
                 T = t_next
 
         if inside:
@@ -129,15 +175,23 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int):
                 out_colors[image, py, px, k] = acc[k] + T * bg
             out_alphas[image, py, px, 0] = one - T
             out_last[image, py, px] = last
+            if keep != KEEP_NONE:
+                out_extra[image, py, px, 0] = T
+            if keep == KEEP_SUM:
+                for k in range(channels):
+                    out_extra[image, py, px, 1 + k] = acc[k]
+                    out_extra[image, py, px, 1 + channels + k] = lo[k]
 
     return rasterize_fwd
 
 
 @cache
-def _kernel(ft: type, tile_size: int, channels: int):
-    return cuda.jit(make_rasterize_fwd(ft, tile_size, channels))
+def _kernel(ft: type, tile_size: int, channels: int, keep: int):
+    body = make_rasterize_fwd(ft, tile_size, channels, keep)
+    return jit(body, tile_size * tile_size)
 
 
+@launcher
 def rasterize_to_pixels_fwd(
     means2d: torch.Tensor,  # [G, 2]
     conics: torch.Tensor,  # [G, 3]
@@ -151,26 +205,34 @@ def rasterize_to_pixels_fwd(
     isect_offsets: torch.Tensor,  # [I, TH, TW] int32
     flatten_ids: torch.Tensor,  # [n] int32
     scheme: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launcher: returns render_colors [I,H,W,D], render_alphas [I,H,W,1], last_ids [I,H,W]
-    and no extra tensor for the backward (whose per_splat scheme starts from render_colors)."""
-    del scheme
+    and what the backward of ``scheme`` needs (``extra`` [I,H,W,E], see the module
+    docstring; None when no backward will run)."""
+    raster_limits.check_tile_size(tile_size)
     n_images, th, tw = isect_offsets.shape
     channels = colors.shape[-1]
+    n = flatten_ids.shape[0]
+    raster_limits.check_grid(tw, th, n)
+    keep = KEEP[scheme]
     dtype, device = means2d.dtype, means2d.device
     out_colors = empty((n_images, height, width, channels), dtype, device)
     out_alphas = empty((n_images, height, width, 1), dtype, device)
     out_last = empty((n_images, height, width), torch.int32, device)
+    out_extra = None
+    if keep != KEEP_NONE:
+        out_extra = empty((n_images, height, width, extra_width(keep, channels)), dtype, device)
     if n_images == 0 or width == 0 or height == 0:
-        return out_colors, out_alphas, out_last, None
-    n = flatten_ids.shape[0]
-    ids = flatten_ids if n > 0 else torch.zeros(1, dtype=torch.int32, device=device)
-    kernel = _kernel(float_type(dtype), tile_size, channels)
-    kernel[(tw, th, n_images), (tile_size, tile_size), stream(device)](
-        view(means2d), view(conics), view(colors), view(opacities),
-        optional(backgrounds, means2d, 2), backgrounds is not None,
-        optional(masks, means2d, 3, torch.bool), masks is not None,
-        width, height, view(isect_offsets.reshape(-1)), view(ids), n,
-        view(out_colors), view(out_alphas), view(out_last),
-    )  # fmt: skip
-    return out_colors, out_alphas, out_last, None
+        return out_colors, out_alphas, out_last, out_extra
+    ids = flatten_ids if n > 0 else optional(None, flatten_ids, 1, torch.int32)
+    kernel = _kernel(float_type(dtype), tile_size, channels, keep)
+    for image0, n_block in raster_limits.image_chunks(n_images):
+        launch(
+            kernel, (tw, th, n_block), (tile_size, tile_size), device,
+            means2d, conics, colors, opacities,
+            optional(backgrounds, means2d, 2), backgrounds is not None,
+            optional(masks, means2d, 3, torch.bool), masks is not None,
+            width, height, isect_offsets.reshape(-1), ids, n, image0, n_images,
+            out_colors, out_alphas, out_last, optional(out_extra, means2d, 4),
+        )  # fmt: skip
+    return out_colors, out_alphas, out_last, out_extra

@@ -1,4 +1,10 @@
-"""Runtime of the cuda backend: simulator switch, array views, PyTorch's stream, options.
+"""Runtime of the cuda backend: simulator switch, hardware limits, launches, options.
+
+Every launch goes through :func:`launch`: it enters the numba context of the tensors'
+device (``cuda:1`` launches on GPU 1), turns tensor arguments into cached zero-copy views,
+launches on PyTorch's current stream of that device and counts the launch
+(:func:`launch_stats`). Launchers check the hardware limits (threads per block, grid
+dimensions, static shared memory, int32 index range) before they launch.
 
 Options (read by every launch, so a benchmark can switch them between calls):
 
@@ -6,17 +12,20 @@ Options (read by every launch, so a benchmark can switch them between calls):
   backward, a warp skips a splat that none of its lanes needs, and starts each batch at the
   warp's largest ``last_id``. Off: every lane of every warp walks every splat of the tile.
 - ``exact_transmittance`` (env ``TILESPLAT_CUDA_EXACT_T``, default on): the ``per_pixel``
-  backward replays each pixel's transmittance product front to back before walking back,
-  instead of taking ``T_final = 1 - render_alphas``, which in float32 keeps only ~6e-8 of
-  absolute precision (6e-4 relative once T_final nears the 1e-4 stop). Costs about one
-  colourless forward pass; off gives gsplat's cheaper and less precise recovery.
+  backward starts each pixel from the transmittance the forward kept (``T_final``), instead
+  of ``1 - render_alphas``, which in float32 keeps only ~6e-8 of absolute precision (6e-4
+  relative once T_final nears the 1e-4 stop). Off gives gsplat's less precise recovery.
 - ``splat_batch`` (env ``TILESPLAT_CUDA_SPLAT_BATCH``, 32 or 256, default 32): the number of
   splats (= threads of a block) one ``per_splat`` backward batch holds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -89,11 +98,109 @@ def reset_options() -> None:
     _options.clear()
 
 
+MIN_NUMBA_CUDA = (0, 21)  # numba.cuda.types (device_math) and launch_bounds
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"0.30.4"`` -> ``(0, 30, 4)``; a suffix such as ``rc1`` or ``+local`` is ignored."""
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_numba_cuda_version(text: str) -> None:
+    """Raises ImportError naming the floor when numba-cuda ``text`` is older than it."""
+    if parse_version(text) < MIN_NUMBA_CUDA:
+        floor = ".".join(map(str, MIN_NUMBA_CUDA))
+        raise ImportError(
+            f"backend 'cuda' needs numba-cuda >= {floor}, found {text}: "
+            f"pip install -U 'numba-cuda[cu13]>={floor}'"
+        )
+
+
+# Hardware limits every launcher checks before it launches (CUDA compute capability >= 7).
+MAX_BLOCK_THREADS = 1024
+MAX_GRID_YZ = 65_535  # gridDim.y and gridDim.z; larger image batches go in chunks
+STATIC_SHARED_BYTES = 48 * 1024  # static shared memory per block without an opt-in
+REGISTERS_PER_SM = 65_536
+INDEX_LIMIT = 2**31 - 1  # offsets, flatten_ids and last_ids are int32
+
+
+def jit(body: Callable, threads: int | None = None) -> Any:
+    """``cuda.jit`` of a kernel body; ``threads`` (the block size it is launched with) becomes
+    its launch bound, so that ptxas keeps registers x threads within the register file."""
+    if SIMULATOR or threads is None:  # the simulator's jit takes no launch bounds
+        return cuda.jit(body)
+    return cuda.jit(body, launch_bounds=int(threads))
+
+
+# ---- launches: device context, views, placeholders, statistics -------------------------
+
+_stats = {"launches": 0, "launcher_calls": 0, "host_s": 0.0, "kernel_s": 0.0}
+_depth = [0]
+_VIEW_CACHE_SIZE = 256
+_views: dict[tuple, Any] = {}
+_placeholders: dict[tuple, torch.Tensor] = {}
+_streams: dict[tuple, Any] = {}
+
+
+def launch_stats() -> dict[str, float]:
+    """Counters since :func:`reset_launch_stats`: ``launches`` (numba kernel launches),
+    ``launcher_calls`` (calls of the backend's op launchers), ``host_s`` (seconds of Python
+    in the launchers outside the kernel calls: views, allocations, checks) and ``kernel_s``
+    (seconds inside the kernel calls: numba's dispatch, plus the kernels themselves under the
+    simulator)."""
+    return dict(_stats)
+
+
+def reset_launch_stats() -> None:
+    """Zeroes the counters of :func:`launch_stats`."""
+    _stats.update(launches=0, launcher_calls=0, host_s=0.0, kernel_s=0.0)
+
+
+def launcher(fn: Callable) -> Callable:
+    """Counts a launcher's calls and its Python time outside kernel calls (``launch_stats``)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        _depth[0] += 1
+        kernel_before = _stats["kernel_s"]
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _depth[0] -= 1
+            if _depth[0] == 0:
+                _stats["launcher_calls"] += 1
+                spent = time.perf_counter() - t0
+                _stats["host_s"] += spent - (_stats["kernel_s"] - kernel_before)
+
+    return wrapped
+
+
+def device_context(device: torch.device) -> Any:
+    """The numba context of ``device`` (``cuda:1`` -> GPU 1); a no-op under the simulator."""
+    if SIMULATOR or device.type != "cuda":
+        return contextlib.nullcontext()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return cuda.gpus[index]
+
+
 def view(t: torch.Tensor) -> Any:
     """A zero-copy kernel argument for a contiguous tensor.
 
-    On a GPU: a numba device array over ``__cuda_array_interface__``. Under the simulator:
-    the numpy view of a CPU tensor (the simulator writes results back into it).
+    On a GPU: a numba device array over ``__cuda_array_interface__``, cached by (pointer,
+    shape, strides, dtype): the array holds no reference to the tensor, so a cached view is
+    valid for whatever tensor later lives at that address with that layout. Under the
+    simulator: the numpy view of a CPU tensor (the simulator writes results back into it).
     """
     t = t.detach()
     if SIMULATOR:
@@ -102,18 +209,29 @@ def view(t: torch.Tensor) -> Any:
         return t.numpy()
     if t.device.type != "cuda":
         raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {t.device}")
-    # no sync: every kernel runs on the stream the tensor was produced on (PyTorch's current)
-    return cuda.as_cuda_array(t, sync=False)
+    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device.index)
+    found = _views.get(key)
+    if found is None:
+        if len(_views) >= _VIEW_CACHE_SIZE:
+            _views.clear()
+        # no sync: every kernel runs on the stream the tensor was produced on
+        found = cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=None,
+                                               sync=False)
+        _views[key] = found
+    return found
 
 
 def optional(t: torch.Tensor | None, like: torch.Tensor, ndim: int, dtype=None) -> Any:
-    """``view(t)``, or a one-element placeholder of ``ndim`` dims when ``t`` is None."""
-    if t is None:
-        t = torch.zeros((1,) * ndim, dtype=dtype or like.dtype, device=like.device)
-    return view(t)
-
-
-_streams: dict[int, Any] = {}
+    """``t``, or a cached one-element placeholder of ``ndim`` dims when ``t`` is None (the
+    kernel never reads it: a flag argument says it is absent)."""
+    if t is not None:
+        return t
+    dtype = dtype or like.dtype
+    key = (like.device, dtype, ndim)
+    found = _placeholders.get(key)
+    if found is None:
+        found = _placeholders[key] = torch.zeros((1,) * ndim, dtype=dtype, device=like.device)
+    return found
 
 
 def stream(device: torch.device) -> Any:
@@ -121,9 +239,23 @@ def stream(device: torch.device) -> Any:
     if SIMULATOR:
         return 0
     handle = torch.cuda.current_stream(device).cuda_stream
-    if handle not in _streams:
-        _streams[handle] = cuda.external_stream(handle)
-    return _streams[handle]
+    key = (device.index, handle)
+    if key not in _streams:
+        with device_context(device):
+            _streams[key] = cuda.external_stream(handle)
+    return _streams[key]
+
+
+def launch(kernel: Any, grid: Any, block: Any, device: torch.device, *args: Any) -> None:
+    """Launches ``kernel[grid, block]`` on ``device``'s current PyTorch stream, in the numba
+    context of ``device``; tensor arguments become zero-copy views (:func:`view`)."""
+    with device_context(device):
+        argv = [view(a) if isinstance(a, torch.Tensor) else a for a in args]
+        st = stream(device)
+        t0 = time.perf_counter()
+        kernel[grid, block, st](*argv)
+        _stats["kernel_s"] += time.perf_counter() - t0
+        _stats["launches"] += 1
 
 
 def float_type(dtype: torch.dtype) -> type:

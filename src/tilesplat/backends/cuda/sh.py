@@ -10,7 +10,7 @@ from numba import cuda
 
 from ..sh_rows import expand_rows, reduce_rows
 from .device_math import device_math
-from .runtime import cdiv, empty, float_type, optional, stream, view
+from .runtime import cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
 BASIS = 25  # (SH_MAX_DEGREE + 1) ** 2
@@ -90,6 +90,7 @@ def _bwd_kernel(ft: type):
     return cuda.jit(make_sh_bwd(ft))
 
 
+@launcher
 def sh_forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
@@ -103,13 +104,15 @@ def sh_forward(
     M = dirs.shape[0]
     colors = empty((M, 3), dirs.dtype, dirs.device)
     if M > 0:
-        _fwd_kernel(float_type(dirs.dtype))[cdiv(M, THREADS), THREADS, stream(dirs.device)](
-            int(degree), view(dirs), view(coeffs), optional(masks, dirs, 1, torch.bool),
-            masks is not None, view(colors),
+        launch(
+            _fwd_kernel(float_type(dirs.dtype)), cdiv(M, THREADS), THREADS, dirs.device,
+            int(degree), dirs, coeffs, optional(masks, dirs, 1, torch.bool),
+            masks is not None, colors,
         )  # fmt: skip
     return colors
 
 
+@launcher
 def sh_backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
@@ -125,9 +128,10 @@ def sh_backward(
     v_coeffs = torch.zeros_like(coeffs)
     v_dirs = torch.zeros_like(dirs) if need_v_dirs else None
     if M > 0:
-        _bwd_kernel(float_type(dirs.dtype))[cdiv(M, THREADS), THREADS, stream(dirs.device)](
-            int(degree), view(dirs), view(coeffs), optional(masks, dirs, 1, torch.bool),
-            masks is not None, view(v_colors.contiguous()), bool(need_v_dirs), view(v_coeffs),
+        launch(
+            _bwd_kernel(float_type(dirs.dtype)), cdiv(M, THREADS), THREADS, dirs.device,
+            int(degree), dirs, coeffs, optional(masks, dirs, 1, torch.bool),
+            masks is not None, v_colors.contiguous(), bool(need_v_dirs), v_coeffs,
             optional(v_dirs, dirs, 2),
         )  # fmt: skip
     return v_dirs, reduce_rows(v_coeffs, rows)

@@ -1,4 +1,4 @@
-"""Warp intrinsics for numba's CUDA simulator, which has none.
+"""Warp intrinsics (and an exact ``fma``) for numba's CUDA simulator, which has none.
 
 The simulator runs every thread of a block as a Python thread and emulates ``syncthreads``
 but not ``shfl_*_sync``/``any_sync``/``ballot_sync``. The kernels of this backend use them
@@ -10,6 +10,9 @@ gives the hardware's result. Installed once, when the backend is imported under
 from __future__ import annotations
 
 import threading
+from fractions import Fraction
+
+import numpy as np
 
 _lock = threading.Lock()
 WARP = 32
@@ -71,10 +74,21 @@ def _all_sync(self, mask, predicate):
     return all(s for s in slots if s is not None)
 
 
+def _fma(self, a, b, c):
+    """``a * b + c`` rounded once, as the hardware's ``fma`` (the simulator's own rounds the
+    product first, which breaks the exact-product trick of the per_splat backward)."""
+    if isinstance(a, np.float32):
+        return np.float32(float(a) * float(b) + float(c))  # the float64 product is exact
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    return type(a)(float(exact))
+
+
 def install() -> None:
-    """Adds the warp intrinsics to the simulator's fake ``cuda`` module (idempotent)."""
+    """Adds the warp intrinsics and an exact ``fma`` to the simulator's fake ``cuda``
+    module (idempotent)."""
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
+    FakeCUDAModule.fma = _fma
     FakeCUDAModule.shfl_xor_sync = _shfl_xor_sync
     FakeCUDAModule.shfl_down_sync = _shfl_down_sync
     FakeCUDAModule.any_sync = _any_sync
