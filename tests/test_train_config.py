@@ -4,6 +4,7 @@ import dataclasses
 import sys
 
 import pytest
+import torch
 
 from tilesplat.cli import main
 from tilesplat.train.config import (
@@ -123,3 +124,28 @@ def test_check_command(tmp_path, capsys):
     missing.write_text(f'data = "{tmp_path / "nothing"}"\n')
     assert main(["check", str(missing)]) == 2
     assert "dataset folder not found" in capsys.readouterr().err
+
+
+def test_auto_fields_take_their_strategy_values(tmp_path):
+    from tilesplat.data.dataset import load_dataset
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train.trainer import Trainer
+
+    keys = ("init_opacity", "init_scale", "opacity_reg", "scale_reg")
+    default = TrainConfig().resolved()
+    assert [getattr(default, k) for k in keys] == [0.1, 1.0, 0.0, 0.0]  # 3DGS, as before
+    mcmc = apply_overrides(TrainConfig(), ["strategy=mcmc"]).resolved()
+    assert [getattr(mcmc, k) for k in keys] == [0.5, 0.1, 0.01, 0.01]  # 3DGS-MCMC
+    mine = apply_overrides(TrainConfig(), ["strategy=mcmc", "opacity_reg=0", "init_scale=2"])
+    assert mine.resolved().opacity_reg == 0.0 and mine.resolved().init_scale == 2.0
+    with pytest.raises(ValueError, match="opacity_reg must be >= 0 or -1, got -2.0"):
+        apply_overrides(TrainConfig(), ["opacity_reg=-2"])
+    with pytest.raises(ValueError, match="init_scale must be > 0 or -1"):
+        apply_overrides(TrainConfig(), ["init_scale=0"])
+    # the trainer runs the resolved values and its checkpoints keep the config as given
+    data = load_dataset(write_synthetic_dataset(tmp_path / "d", n_train=2, n_test=1, size=16))
+    cfg = TrainConfig(strategy="mcmc", init_points=20, steps=2, progress=False, lpips=False)
+    trainer = Trainer(cfg, data, tmp_path / "run", log=lambda s: None)
+    assert torch.allclose(torch.sigmoid(trainer.params["opacities"]), torch.tensor(0.5))
+    assert trainer.cfg.opacity_reg == 0.01
+    assert trainer.state_dict()["config"]["opacity_reg"] == -1.0

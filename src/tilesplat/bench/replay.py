@@ -170,7 +170,7 @@ def open_run(spec: str) -> Replay:
         raise ValueError(f"{run.run_dir}: the run's dataset has no training images")
     order = CameraOrder(len(dataset.train), run.cfg.batch_size, run.cfg.seed)
     background = torch.tensor(dataset.background, dtype=torch.float32)
-    return Replay(run, run.cfg, dataset, order, background)
+    return Replay(run, run.cfg.resolved(), dataset, order, background)
 
 
 class ReplayStep:

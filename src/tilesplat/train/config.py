@@ -25,6 +25,16 @@ STRATEGIES = ("default", "mcmc")
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 INITS = ("auto", "points", "random")
+# A field set to AUTO takes the value of its strategy (see TrainConfig.resolved); its
+# values per strategy (default, mcmc): 3DGS's for default, 3DGS-MCMC's (Kheradmand et al.
+# 2024, as gsplat's MCMC recipe) for mcmc.
+AUTO = -1.0
+STRATEGY_VALUES: dict[str, dict[str, float]] = {
+    "init_opacity": {"default": 0.1, "mcmc": 0.5},
+    "init_scale": {"default": 1.0, "mcmc": 0.1},
+    "opacity_reg": {"default": 0.0, "mcmc": 0.01},
+    "scale_reg": {"default": 0.0, "mcmc": 0.01},
+}
 
 
 def _f(default: Any, help: str, group: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -95,9 +105,16 @@ class TrainConfig:
         "see at the scene centre",
         "model",
     )
-    init_opacity: float = _f(0.1, "initial opacity of every Gaussian, in (0, 1)", "model")
+    init_opacity: float = _f(
+        AUTO,
+        "initial opacity of every Gaussian, in (0, 1); -1: the strategy's (default 0.1, mcmc 0.5)",
+        "model",
+    )
     init_scale: float = _f(
-        1.0, "factor on the initial size (mean distance to the 3 nearest neighbours)", "model"
+        AUTO,
+        "factor on the initial size (mean distance to the 3 nearest neighbours); -1: the "
+        "strategy's (default 1, mcmc 0.1)",
+        "model",
     )
 
     # --- optimisation ---
@@ -111,8 +128,16 @@ class TrainConfig:
     sh0_lr: float = _f(2.5e-3, "Adam learning rate of the SH degree-0 coefficients", "optim")
     shN_lr: float = _f(2.5e-3 / 20, "Adam learning rate of the higher SH coefficients", "optim")
     ssim_lambda: float = _f(0.2, "loss = (1 - l) * L1 + l * (1 - SSIM)", "optim")
-    opacity_reg: float = _f(0.0, "weight of mean(opacity) in the loss (mcmc uses 0.01)", "optim")
-    scale_reg: float = _f(0.0, "weight of mean(scale) in the loss (mcmc uses 0.01)", "optim")
+    opacity_reg: float = _f(
+        AUTO,
+        "weight of mean(opacity) in the loss; -1: the strategy's (default 0, mcmc 0.01)",
+        "optim",
+    )
+    scale_reg: float = _f(
+        AUTO,
+        "weight of mean(scale) in the loss; -1: the strategy's (default 0, mcmc 0.01)",
+        "optim",
+    )
     random_background: bool = _f(
         False,
         "render on a random background each step (the target is recomposited when the "
@@ -230,8 +255,6 @@ class TrainConfig:
             "opacities_lr",
             "sh0_lr",
             "shN_lr",
-            "opacity_reg",
-            "scale_reg",
             "grow_grad2d",
             "grow_scale3d",
             "prune_opacity",
@@ -241,12 +264,16 @@ class TrainConfig:
         ):
             need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(0 <= self.sh_degree <= 4, f"sh_degree must be in 0..4, got {self.sh_degree}")
+        r = self.resolved()  # a field at AUTO takes its strategy's value, which is valid
+        for name in ("opacity_reg", "scale_reg"):
+            value = getattr(self, name)
+            need(value >= 0.0 or value == AUTO, f"{name} must be >= 0 or -1, got {value}")
         need(
-            0.0 < self.init_opacity < 1.0,
-            f"init_opacity must be in (0, 1), got {self.init_opacity}",
+            0.0 < r.init_opacity < 1.0,
+            f"init_opacity must be in (0, 1) or -1, got {self.init_opacity}",
         )
         need(self.init_extent > 0.0, f"init_extent must be > 0, got {self.init_extent}")
-        need(self.init_scale > 0.0, f"init_scale must be > 0, got {self.init_scale}")
+        need(r.init_scale > 0.0, f"init_scale must be > 0 or -1, got {self.init_scale}")
         need(
             0.0 < self.means_lr_final <= 1.0,
             f"means_lr_final must be in (0, 1], got {self.means_lr_final}",
@@ -262,6 +289,19 @@ class TrainConfig:
         if errors:
             raise ValueError("invalid config: " + "; ".join(errors))
         return self
+
+    def resolved(self) -> TrainConfig:
+        """A copy in which every field at ``AUTO`` (-1) holds its strategy's value.
+
+        The trainer runs the resolved config and saves the config as given, so that a
+        resumed run with another strategy or length resolves again.
+        """
+        values = {
+            name: per[self.strategy] if self.strategy in per else per["default"]
+            for name, per in STRATEGY_VALUES.items()
+            if getattr(self, name) == AUTO
+        }
+        return dataclasses.replace(self, **values)
 
 
 def _field_types() -> dict[str, type]:

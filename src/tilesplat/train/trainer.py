@@ -133,7 +133,8 @@ class Trainer:
         checkpoint: dict[str, Any] | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.cfg = cfg.validate()
+        self.config = cfg.validate()  # as given: what checkpoints store
+        self.cfg = cfg = cfg.resolved()  # what runs: AUTO fields hold their strategy's values
         self.dataset = dataset
         self.run_dir = Path(run_dir)
         self.log = log
@@ -172,7 +173,7 @@ class Trainer:
             "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
             "strategy_state": dict(self.strategy_state),
             "rng": torch.get_rng_state(),
-            "config": dataclasses.asdict(self.cfg),
+            "config": dataclasses.asdict(self.config),
             "history": self.history,
             "window": list(self.window),
             "elapsed": self.elapsed,
