@@ -1,14 +1,37 @@
-"""Parity between two arms and self-noise of one arm, tensor by tensor.
+"""Parity between two arms and self-noise of one arm, tensor by tensor, in counts.
 
 An element fails parity only when both its absolute and its relative difference exceed their
 tolerances (1e-4 each by default, DESIGN.md); the relative difference of two values is
-``|a - b| / max(|a|, |b|)`` (0 when both are 0). Integer tensors go through the same rule, so
-they must match exactly. ``isect_ids`` are compared as two tensors: the (image, tile) key
-(exact) and the depth stored in their low 32 bits (a float).
+``|a - b| / max(|a|, |b|)`` (0 when both are 0). Every tensor is reported with its element
+count, its number of failing elements, the number it may have, and its max abs / rel
+difference; it passes when the failing elements are within that number.
+
+Threshold policy (how many failing elements a tensor may have; docs/gpu.md):
+
+- **Same device type** (``torch`` against ``cpu``, ``cuda`` against ``cuda``): none. The CPU
+  kernels meet this against the reference on every scene we measure, garden included, and a
+  failing element there has so far always been a bug or a precision loss worth fixing (the
+  CPU ``per_splat`` backward once failed 38 ``v_conics`` elements on garden).
+- **Different device types** (``cpu`` against ``cuda``): NVVM contracts multiply-adds to FMA
+  and float32 ``exp`` differs from the CPU's, so a pair whose alpha lies within a few ulps of
+  the 1/255 skip can be decided differently. One flip changes one pixel and, through its
+  transmittance, the gradient of every Gaussian behind it there. Moving the reference's skip
+  threshold by a relative 1e-6 (a pessimistic bound on the rounding difference) failed, on
+  garden, 20 ``render_colors`` and 277 of 1,227,240 ``v_conics`` elements (2.3e-4), and on
+  ``synthetic:20000:256x256`` one flipped pair failed 41 of 60,000 ``v_conics`` (6.8e-4).
+  So a tensor may have ``max(CROSS_DEVICE_MIN, ceil(CROSS_DEVICE_FRACTION * numel))``
+  failing elements, except ``EXACT_TENSORS`` (intersection keys, ``flatten_ids``, offsets:
+  computed from the fed, identical inputs), which must match exactly. A kernel bug (a wrong
+  formula, a race, a missed tile or batch) fails far more elements than that.
+
+Integer tensors go through the same element rule, so they must match exactly (``radii``: to
+one pixel, a ``ceil`` on an integer boundary). ``isect_ids`` are compared as two tensors: the
+(image, tile) key (exact) and the depth stored in their low 32 bits (a float).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +41,28 @@ from torch import Tensor
 
 from ..data.scenes import Scene
 from .arms import Arm, check_usable, parse_arm
-from .replay import is_run_spec, open_run, run_parity_on_run, run_self_noise_on_run
 from .stages import Inputs, make_inputs, staged_pass, upstream_gradient
 from .timing import NullTimer
 
 ATOL = 1e-4
 RTOL = 1e-4
+# Across device types (module docstring; measured by moving the reference's 1/255 skip by a
+# relative 1e-6): the worst fraction of failing elements was 2.3e-4 on garden (v_conics,
+# 277 of 1,227,240) and 6.8e-4 where one flipped pair failed 41 of 60,000 v_conics.
+CROSS_DEVICE_FRACTION = 1e-3
+CROSS_DEVICE_MIN = 1
+# Tensors whose values are decisions on the fed (identical) inputs: exact on any devices.
+EXACT_TENSORS = ("isect_ids.tile_key", "isect_ids.depth", "flatten_ids", "isect_offsets")
+
+RUN_PREFIX = "run:"
+
+
+def is_run_spec(scene: object) -> bool:
+    """Whether ``scene`` names a training run (``run:RUN_DIR``, :mod:`.replay`). Decided here
+    so that other scenes never import the trainer and its image I/O (Pillow, which a bare GPU
+    machine's python3 may lack: ``scripts/gpu_check.py`` needs only torch and numba)."""
+    return isinstance(scene, str) and scene.startswith(RUN_PREFIX)
+
 
 # Called with (arm spec, results of its staged pass) before comparing; tests use it to
 # perturb an arm on purpose and check that parity fails.
@@ -52,10 +91,41 @@ def flatten_results(res: dict[str, Any]) -> dict[str, tuple[str, Tensor]]:
     return out
 
 
-def compare(a: Tensor, b: Tensor, atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
-    """Element-wise comparison of ``a`` (the first arm) and ``b``; see the module docstring."""
+def allowed_failures(name: str, numel: int, cross_device: bool) -> int:
+    """Failing elements tensor ``name`` (of ``numel`` elements) may have: 0 between arms on
+    one device type, ``max(CROSS_DEVICE_MIN, ceil(CROSS_DEVICE_FRACTION * numel))`` across
+    device types except for the exact tensors (``EXACT_TENSORS``); see the module docstring."""
+    if not cross_device or name in EXACT_TENSORS or numel == 0:
+        return 0
+    return max(CROSS_DEVICE_MIN, math.ceil(CROSS_DEVICE_FRACTION * numel))
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """``PASS 0/1,234 failing``, ``PASS 1/1,234 failing (<= 2 allowed)``, ``FAIL 80/1,234
+    failing (> 2 allowed)``, ``FAIL (why)`` or ``not gated: why`` for a row of
+    :func:`compare_results` (or of a replay's comparison)."""
+    if row.get("gated") is False:
+        return f"not gated: {row.get('note', '-')}"
+    if row.get("n_fail") is None:
+        return f"FAIL ({row.get('note', 'not compared')})"
+    counts = f"{row['n_fail']:,}/{row['numel_a']:,} failing"
+    allowed = row.get("allowed", 0)
+    if row["passed"]:
+        return f"PASS {counts}" + (f" (<= {allowed:,} allowed)" if row["n_fail"] else "")
+    return f"FAIL {counts} (> {allowed:,} allowed)"
+
+
+def compare(a: Tensor, b: Tensor, atol: float = ATOL, rtol: float = RTOL,
+            allowed: int = 0) -> dict[str, Any]:
+    """Element-wise comparison of ``a`` (the first arm) and ``b``; see the module docstring.
+
+    Returns a row: ``numel_a``, ``numel_b``, shapes, ``n_fail`` (failing elements; a
+    non-finite value fails unless both are the same), ``allowed``, ``max_abs``, ``max_rel``,
+    ``max_rel_where_abs_fails``, ``passed`` (``n_fail <= allowed``) and the ``first_fail``.
+    """
     row: dict[str, Any] = {"numel_a": int(a.numel()), "numel_b": int(b.numel()),
-                           "shape_a": list(a.shape), "shape_b": list(b.shape)}
+                           "shape_a": list(a.shape), "shape_b": list(b.shape),
+                           "allowed": int(allowed)}
     if a.shape != b.shape:
         row.update(max_abs=None, max_rel=None, max_rel_where_abs_fails=None, n_fail=None,
                    passed=False, note="shapes differ")
@@ -77,7 +147,7 @@ def compare(a: Tensor, b: Tensor, atol: float = ATOL, rtol: float = RTOL) -> dic
         # the relative difference that decides: over the elements beyond atol
         max_rel_where_abs_fails=float(rel[abs_fails].max()) if bool(abs_fails.any()) else 0.0,
         n_fail=n_fail,
-        passed=n_fail == 0,
+        passed=n_fail <= allowed,
     )
     if n_fail:
         idx = int(torch.nonzero(bad.reshape(-1))[0])
@@ -86,9 +156,9 @@ def compare(a: Tensor, b: Tensor, atol: float = ATOL, rtol: float = RTOL) -> dic
     return row
 
 
-def compare_radii(a: Tensor, b: Tensor) -> dict[str, Any]:
+def compare_radii(a: Tensor, b: Tensor, allowed: int = 0) -> dict[str, Any]:
     """Integer radii: equal, or one pixel apart (a ``ceil`` on an integer boundary)."""
-    row = compare(a, b, atol=1.0, rtol=0.0)
+    row = compare(a, b, atol=1.0, rtol=0.0, allowed=allowed)
     if a.shape == b.shape:
         diff = a.detach().to("cpu", torch.int64) - b.detach().to("cpu", torch.int64)
         row["off_by_one"] = int((diff.abs() == 1).sum())
@@ -96,22 +166,44 @@ def compare_radii(a: Tensor, b: Tensor) -> dict[str, Any]:
 
 
 def compare_results(res_a: dict[str, Any], res_b: dict[str, Any], atol: float = ATOL,
-                    rtol: float = RTOL) -> list[dict[str, Any]]:
-    """One row per tensor of two staged passes (name, kind, counts, diffs, passed)."""
+                    rtol: float = RTOL, cross_device: bool = False) -> list[dict[str, Any]]:
+    """One row per tensor of two staged passes (name, kind, counts, diffs, allowed failing
+    elements, passed, verdict); ``cross_device``: the arms run on different device types."""
     fa, fb = flatten_results(res_a), flatten_results(res_b)
     rows = []
     for name in list(fa) + [n for n in fb if n not in fa]:
         if name not in fa or name not in fb:
-            rows.append({"name": name, "kind": (fa.get(name) or fb[name])[0], "passed": False,
-                         "note": "missing in one arm"})
-            continue
-        if name == "radii":
-            rows.append({"name": name, "kind": fa[name][0],
-                         **compare_radii(fa[name][1], fb[name][1])})
-            continue
-        rows.append({"name": name, "kind": fa[name][0], **compare(fa[name][1], fb[name][1],
-                                                                   atol, rtol)})
+            row = {"name": name, "kind": (fa.get(name) or fb[name])[0], "passed": False,
+                   "note": "missing in one arm"}
+        else:
+            (kind, a), (_, b) = fa[name], fb[name]
+            allowed = allowed_failures(name, a.numel(), cross_device)
+            if name == "radii":
+                row = {"name": name, "kind": kind, **compare_radii(a, b, allowed)}
+            else:
+                row = {"name": name, "kind": kind, **compare(a, b, atol, rtol, allowed)}
+        row["verdict"] = verdict(row)
+        rows.append(row)
     return rows
+
+
+def across_devices(a: Arm, b: Arm) -> bool:
+    """True when arms ``a`` and ``b`` compute on different device types (``cpu``, ``cuda``):
+    the declared device, so a ``cuda`` arm in numba's simulator counts as ``cuda``."""
+    return a.device != b.device
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line for a list of rows: ``PASS: 0 failing elements in 20 tensors`` or ``FAIL:
+    v_conics 80/1,234 failing (> 64 allowed); ...`` (the failing tensors)."""
+    gated = [r for r in rows if r.get("gated", True)]
+    failed = [r for r in gated if not r["passed"]]
+    if failed:
+        return "FAIL: " + "; ".join(f"{r['name']} {r.get('verdict') or verdict(r)}"
+                                    for r in failed)
+    total = sum(r.get("n_fail") or 0 for r in gated)
+    return f"PASS: {total:,} failing elements in {len(gated)} tensors" + (
+        " (each within its allowance)" if total else "")
 
 
 def _load(scene: Scene | str, dtype: torch.dtype) -> Scene:
@@ -151,11 +243,18 @@ def run_parity(
     the intersection order, reported and not gated); ``sh_degree``, ``tile_size``, ``seed``
     and ``dtype`` are then the run's.
 
+    Arms on different device types may have a few failing elements per tensor (the policy
+    of the module docstring); the same device type, none.
+
     Returns:
-        dict with ``kind`` "parity", ``arms``, ``scene``, ``atol``, ``rtol``, ``tensors``
-        (one row per tensor) and ``passed`` (every gated row passed).
+        dict with ``kind`` "parity", ``arms``, ``scene``, ``atol``, ``rtol``,
+        ``cross_device``, ``tensors`` (one row per tensor: ``n_fail``, ``numel_a``,
+        ``allowed``, ``max_abs``, ``max_rel``, ``verdict``, ...), ``summary`` (one line) and
+        ``passed`` (every gated row passed).
     """
     if is_run_spec(scene):
+        from .replay import open_run, run_parity_on_run
+
         return run_parity_on_run(open_run(scene), _arm(arm_a), _arm(arm_b), atol, rtol, hook)
     sc = _load(scene, dtype)
     check_sh_degree(sh_degree)
@@ -168,7 +267,8 @@ def run_parity(
         if hook is not None:
             hook(arm.spec, res)
         results.append(res)
-    rows = compare_results(results[0], results[1], atol, rtol)
+    across = across_devices(a, b)
+    rows = compare_results(results[0], results[1], atol, rtol, cross_device=across)
     return {
         "kind": "parity",
         "arms": [a.spec, b.spec],
@@ -176,9 +276,21 @@ def run_parity(
         "sh_degree": sh_degree,
         "atol": atol,
         "rtol": rtol,
+        "cross_device": across,
+        "policy": policy(across),
         "tensors": rows,
+        "summary": summary(rows),
         "passed": all(r["passed"] for r in rows),
     }
+
+
+def policy(across: bool) -> str:
+    """The allowance rule in force, in words (for reports)."""
+    if not across:
+        return "same device type: 0 failing elements per tensor"
+    return (f"across device types: at most max({CROSS_DEVICE_MIN}, "
+            f"ceil({CROSS_DEVICE_FRACTION:g} x elements)) failing elements per tensor, 0 for "
+            f"{', '.join(EXACT_TENSORS)}")
 
 
 def self_noise_of(inp: Inputs, arm: Arm, k: int, hook: Hook | None = None) -> dict[str, Any]:
@@ -234,6 +346,8 @@ def run_self_noise(
     if not arm_list:
         raise ValueError("self-noise needs at least one arm")
     if is_run_spec(scene):
+        from .replay import open_run, run_self_noise_on_run
+
         return run_self_noise_on_run(open_run(scene), arm_list, k, hook)
     sc = _load(scene, dtype)
     check_sh_degree(sh_degree)

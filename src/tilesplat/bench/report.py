@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .parity import summary, verdict
 from .stages import STAGE_TITLES
 from .timing import cpu_threads
 
@@ -149,19 +150,34 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
         rows.append(["step host overhead ms"] + [
             f"{a['ms']['step']['host_overhead_median']:.3f}" if "gpu" in a["ms"]["step"]
             else "-" for a in arms])
+    if any(a.get("cuda_launches") for a in arms):
+        rows.append(["step kernel launches"] + [
+            f"{a['cuda_launches']['launches']:g}" if a.get("cuda_launches") else "-"
+            for a in arms])
+        rows.append(["step launcher Python ms"] + [
+            f"{a['cuda_launches']['host_ms']['median']:.3f}" if a.get("cuda_launches") else "-"
+            for a in arms])
     for d in ("forward", "backward"):
         rows.append([f"raster {d} pairs/s"] + [_rate(a["evals"][d]) for a in arms])
     rows.append(["peak memory"] + [_mem(a["peak_memory"]) for a in arms])
-    rows.append(["parity vs first"] + [
-        "PASS" if a["parity_gate"]["passed"] else f"FAIL ({len(a['parity_gate']['failed'])})"
-        for a in arms])
+    rows.append(["parity vs first"] + [_gate_cell(a["parity_gate"]) for a in arms])
     header = ["", *[a["spec"] for a in arms]]
     lines.append(_markdown(header, rows) if markdown else _table(header, rows))
     if not res["parity_gate_passed"]:
         lines.append("\nPARITY FAIL (speedups withheld; run --parity for details):")
-        lines += [f"  {a['spec']}: {', '.join(a['parity_gate']['failed'])}" for a in arms
-                  if not a["parity_gate"]["passed"]]
+        lines += [f"  {a['spec']}: {a['parity_gate'].get('summary') or a['parity_gate']['failed']}"
+                  for a in arms if not a["parity_gate"]["passed"]]
     return "\n".join(lines)
+
+
+def _gate_cell(gate: dict[str, Any]) -> str:
+    """``PASS (0 failing)``, ``PASS (3 failing, allowed)`` or ``FAIL (2 tensors, 80 failing)``."""
+    n = gate.get("n_fail")
+    if gate["passed"]:
+        return "PASS" if n is None else (
+            f"PASS ({n:,} failing{', allowed' if n else ''})")
+    tail = "" if n is None else f", {n:,} failing"
+    return f"FAIL ({len(gate['failed'])} tensor{'s' if len(gate['failed']) != 1 else ''}{tail})"
 
 
 def _ms(x: float) -> str:
@@ -197,28 +213,28 @@ def _mem(m: dict[str, Any]) -> str:
 
 
 def format_parity(res: dict[str, Any]) -> str:
-    """One row per tensor: counts, max abs / rel difference, PASS / FAIL."""
+    """One row per tensor: elements, failing elements and the number allowed, max abs / rel
+    difference, and the verdict with its counts."""
     a, b = res["arms"]
+    fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     rows = []
     for r in res["tensors"]:
         if "numel_a" not in r:
-            rows.append([r["name"], r["kind"], "-", "-", "-", "-", "-",
-                         "FAIL (" + r["note"] + ")"])
+            rows.append([r["name"], r["kind"], "-", "-", "-", "-", "-", "-", verdict(r)])
             continue
-        verdict = "PASS" if r["passed"] else (
-            f"FAIL ({r['note']})" if "note" in r else f"FAIL ({r['n_fail']} elements)")
-        if r.get("gated") is False:
-            verdict = f"not gated: {r.get('note', '-')}"
-        fmt = lambda x: "-" if x is None else f"{x:.3g}"
-        rows.append([r["name"], r["kind"], str(r["numel_a"]), str(r["numel_b"]),
-                     fmt(r["max_abs"]), fmt(r["max_rel"]), fmt(r["max_rel_where_abs_fails"]),
-                     verdict])
+        numel = (f"{r['numel_a']:,}" if r["numel_a"] == r["numel_b"]
+                 else f"{r['numel_a']:,}/{r['numel_b']:,}")
+        rows.append([r["name"], r["kind"], numel,
+                     "-" if r.get("n_fail") is None else f"{r['n_fail']:,}",
+                     f"{r.get('allowed', 0):,}", fmt(r["max_abs"]), fmt(r["max_rel"]),
+                     fmt(r["max_rel_where_abs_fails"]), r.get("verdict") or verdict(r)])
     head = (f"parity {a} vs {b} on {res['scene']} (SH degree {res['sh_degree']}): an element "
-            f"fails when abs > {res['atol']:g} and rel > {res['rtol']:g}")
-    table = _table(["tensor", "kind", f"n {a}", f"n {b}", "max abs", "max rel",
+            f"fails when abs > {res['atol']:g} and rel > {res['rtol']:g}; "
+            f"{res.get('policy', 'same device type: 0 failing elements per tensor')}")
+    table = _table(["tensor", "kind", "elements", "failing", "allowed", "max abs", "max rel",
                     "max rel where abs fails", "result"], rows)
-    verdict = "PARITY PASS" if res["passed"] else "PARITY FAIL"
-    return f"{head}\n{table}\n{verdict}"
+    line = res.get("summary") or summary(res["tensors"])
+    return f"{head}\n{table}\nPARITY {line}"
 
 
 def format_self_noise(res: dict[str, Any]) -> str:

@@ -23,11 +23,20 @@ import torch
 from ..data.scenes import Scene, load_scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
-from .parity import ATOL, RTOL, Hook, check_sh_degree, compare_results
-from .replay import RUN_DEFAULTS, ReplayStep, is_run_spec, open_run
+from .parity import (
+    ATOL,
+    RTOL,
+    Hook,
+    across_devices,
+    check_sh_degree,
+    compare_results,
+    is_run_spec,
+    policy,
+    summary,
+)
 from .report import machine_info
 from .stages import STAGES, TrainStep, make_inputs, staged_pass, upstream_gradient
-from .timing import NullTimer, PeakMemory, StageTimer, summarize
+from .timing import LaunchCounter, NullTimer, PeakMemory, StageTimer, summarize
 
 SCHEMA = "tilesplat.bench/1"
 
@@ -107,10 +116,13 @@ def run_bench(
         hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
     """
     replay = None
+    counts = {"iters": 3, "repeats": 3, "warmup": 1}
     if is_run_spec(scene):
-        replay = open_run(scene)
+        # the trainer and its image I/O, only for run scenes (.parity.is_run_spec)
+        from .replay import RUN_DEFAULTS, ReplayStep, open_run
+
+        replay, counts = open_run(scene), RUN_DEFAULTS
         sh_degree, tile_size = replay.sh_degree, 16  # what the trainer renders with
-    counts = RUN_DEFAULTS if replay is not None else {"iters": 3, "repeats": 3, "warmup": 1}
     iters = counts["iters"] if iters is None else iters
     repeats = counts["repeats"] if repeats is None else repeats
     warmup = counts["warmup"] if warmup is None else warmup
@@ -124,7 +136,9 @@ def run_bench(
         sc: Scene = replay.scene().to(dtype=dtype)
     else:
         sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
-    make_step = (lambda inp, arm: ReplayStep(replay, arm)) if replay is not None else TrainStep
+    make_step = TrainStep
+    if replay is not None:
+        make_step = lambda inp, arm: ReplayStep(replay, arm)  # noqa: E731
     with thread_count(threads):
         res = _run(sc, arm_list, iters, repeats, warmup, sh_degree, tile_size, seed,
                    calibrate, calibration_seconds, hook, make_step)
@@ -160,11 +174,8 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
                     hook(arm.spec, res)
                 first.append(res)
             steps[i](NullTimer())
-    gate = []
-    for arm, res in zip(arms, first, strict=True):
-        failed = [r for r in compare_results(first[0], res) if not r["passed"]]
-        gate.append({"arm": arm.spec, "against": arms[0].spec, "passed": not failed,
-                     "failed": [r["name"] for r in failed], "failed_rows": failed})
+    gate = [parity_gate(arms[0], first[0], arm, res) for arm, res in zip(arms, first,
+                                                                       strict=True)]
     out0 = first[0]["outputs"]
     pairs = count_pairs(out0["means2d"], out0["conics"], _raster_opacities(inputs[0]),
                         out0["isect_offsets"], out0["flatten_ids"], sc.width, sc.height,
@@ -176,6 +187,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
     samples = [{n: [[] for _ in range(repeats)] for n in names} for _ in arms]
     gpu = [{n: [[] for _ in range(repeats)] for n in names} for _ in arms]
     ceiling_rates: list[list[float]] = [[] for _ in range(repeats)]
+    launches = [LaunchCounter(arm.backend) for arm in arms]
     for r in range(repeats):
         for _ in range(iters):
             for i, arm in enumerate(arms):
@@ -183,7 +195,8 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
                     ceiling_rates[r].append(kernel.sustained_rate())
                 timer = StageTimer(arm.torch_device)
                 staged_pass(inputs[i], arm, timer)
-                steps[i](timer)
+                with launches[i].count():
+                    steps[i](timer)
                 times = dict(timer.times)
                 times["staged_total"] = (
                     sum(times[s][0] for s in STAGES),
@@ -215,7 +228,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
             timings[n] = t
         arm_rows.append({"spec": arm.spec, "backend": arm.backend, "scheme": arm.scheme,
                          "device": arm.device, "ms": timings, "peak_memory": memory[i],
-                         "parity_gate": gate[i]})
+                         "cuda_launches": launches[i].result(), "parity_gate": gate[i]})
     _derive(arm_rows, pairs, calibration)
     return {
         "schema": SCHEMA,
@@ -231,6 +244,22 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
         "arms": arm_rows,
         "parity_gate_passed": all(g["passed"] for g in gate),
     }
+
+
+def parity_gate(base: Arm, base_res: dict[str, Any], arm: Arm,
+                res: dict[str, Any]) -> dict[str, Any]:
+    """The gate of ``arm`` against the first arm: every tensor's failing elements within its
+    allowance (:mod:`.parity`). ``tensors`` holds the counts of every tensor, ``failed`` the
+    names of the failing ones, ``summary`` one line."""
+    across = across_devices(base, arm)
+    rows = compare_results(base_res, res, cross_device=across)
+    failed = [r for r in rows if not r["passed"]]
+    keep = ("name", "n_fail", "numel_a", "allowed", "max_abs", "max_rel", "verdict")
+    return {"arm": arm.spec, "against": base.spec, "passed": not failed,
+            "cross_device": across, "policy": policy(across),
+            "n_fail": sum(r.get("n_fail") or 0 for r in rows), "summary": summary(rows),
+            "failed": [r["name"] for r in failed], "failed_rows": failed,
+            "tensors": [{k: r.get(k) for k in keep} for r in rows]}
 
 
 def _stats(per_repeat: list[list[float]]) -> dict[str, Any]:

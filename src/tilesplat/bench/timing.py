@@ -1,8 +1,10 @@
-"""Stage timers, summary statistics and peak-memory probes of the bench.
+"""Stage timers, summary statistics, peak-memory probes and launch counters of the bench.
 
 CPU stages are timed with ``time.perf_counter()``. On CUDA each stage is bracketed by
 synchronisations and CUDA events: ``ms`` is the host wall time of the stage, ``gpu_ms`` the time
-the GPU was busy between the events, and their difference the host overhead.
+the GPU was busy between the events, and their difference the host overhead. For ``cuda``
+arms, :class:`LaunchCounter` adds the kernel launches of a training step and the Python time
+the backend's launchers spend around them.
 """
 
 from __future__ import annotations
@@ -146,6 +148,43 @@ class PeakMemory:
             "peak_bytes": int(peak),
             "delta_bytes": int(peak - self._base) if self._reset else None,
             "reset": bool(self._reset),
+        }
+
+
+class LaunchCounter:
+    """Kernel launches and launcher time per training step of a ``cuda`` arm, from
+    ``tilesplat.backends.cuda.launch_stats``; counts nothing for the other backends."""
+
+    def __init__(self, backend: str) -> None:
+        self.steps: list[dict[str, float]] = []
+        self._api = None
+        if backend == "cuda":
+            from ..backends.cuda import launch_stats, reset_launch_stats
+
+            self._api = (launch_stats, reset_launch_stats)
+
+    @contextlib.contextmanager
+    def count(self) -> Iterator[None]:
+        """Counts the launches of the block (one training step)."""
+        if self._api is None:
+            yield
+            return
+        self._api[1]()
+        yield
+        self.steps.append(self._api[0]())
+
+    def result(self) -> dict[str, Any] | None:
+        """Per step: ``launches`` and ``launcher_calls`` (medians), ``host_ms`` (Python in the
+        launchers outside the kernel calls) and ``kernel_call_ms`` (inside them: numba's
+        dispatch) as summaries; None for a backend that is not ``cuda``."""
+        if not self.steps:
+            return None
+        return {
+            "steps": len(self.steps),
+            "launches": statistics.median(s["launches"] for s in self.steps),
+            "launcher_calls": statistics.median(s["launcher_calls"] for s in self.steps),
+            "host_ms": summarize([s["host_s"] * 1e3 for s in self.steps]),
+            "kernel_call_ms": summarize([s["kernel_s"] * 1e3 for s in self.steps]),
         }
 
 
