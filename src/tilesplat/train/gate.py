@@ -342,7 +342,7 @@ def run_gate(
             if row["ok"]:
                 log(
                     f"{tag}: done in {row['wall_s']:.0f} s: PSNR {row['psnr']:.2f} dB, "
-                    f"{row['steps_per_s']:.2f} steps/s, {row['gaussians']} Gaussians"
+                    f"{row['steps']} steps in {row['train_s']:.0f} s, {row['gaussians']} Gaussians"
                 )
             else:
                 log(f"{tag}: FAILED after {row['wall_s']:.0f} s: {row['error']}")
