@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..io.images import image_size, read_image, resize_image
-from .dataset import (
+from .frames import (
     Frame,
     SceneDataset,
     cameras_extent,

@@ -15,7 +15,7 @@ import torch
 
 from ..io.images import read_image, resize_image
 from .colmap_format import ColmapCamera, qvec_to_rotmat, read_model
-from .dataset import Frame, SceneDataset, cameras_extent, image_to_tensors, split_every
+from .frames import Frame, SceneDataset, cameras_extent, image_to_tensors, split_every
 
 # model -> index of the first distortion parameter (after focal lengths and principal point)
 DISTORTED_MODELS = {"SIMPLE_RADIAL": 3, "RADIAL": 3, "OPENCV": 4, "FULL_OPENCV": 4}
