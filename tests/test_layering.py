@@ -1,4 +1,4 @@
-"""Imports point down the layers of docs/architecture.md: cli → train/bench → data/io →
+"""Imports point down the layers of docs/architecture.md: cli → train/bench/viewer → data/io →
 rendering → ops → backends. A test fails when an import points upward."""
 
 import ast
@@ -6,9 +6,20 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tilesplat"
 LAYER = {
-    "constants": -1, "assets": -1, "__version__": -1,
-    "backends": 0, "ops": 1, "rendering": 2, "data": 3, "io": 3,
-    "train": 4, "bench": 4, "cli": 5, "__init__": 6, "__main__": 6,
+    "constants": -1,
+    "assets": -1,
+    "__version__": -1,
+    "backends": 0,
+    "ops": 1,
+    "rendering": 2,
+    "data": 3,
+    "io": 3,
+    "train": 4,
+    "bench": 4,
+    "viewer": 4,
+    "cli": 5,
+    "__init__": 6,
+    "__main__": 6,
 }
 
 
@@ -72,3 +83,74 @@ def test_train_and_bench_point_one_way():
             assert not name.startswith("tilesplat.bench"), f"{path}:{line} imports {name}"
     replay = {name for _, name in _imports(SRC / "bench" / "replay.py")}
     assert "tilesplat.train.step" in replay
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """Imports between the modules of ``tilesplat.<package>`` (lazy imports included)."""
+    mods = {}
+    for path in sorted((SRC / package).rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(["tilesplat", *(rel[:-1] if rel[-1] == "__init__" else rel)])
+        mods[name] = path
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for _, name in _imports(path):
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name and name != mod and not mod.startswith(name + "."):
+                graph[mod].add(name)
+    return graph
+
+
+def test_data_floor_has_no_import_cycle():
+    """dataset.py imports the Blender and COLMAP loaders; they import frames.py, never it back
+    (the circle that issue 12 removed). The SfM package and the room scene sit on the floor."""
+    graph = _module_graph("data")
+    assert {"tilesplat.data.sfm.pipeline", "tilesplat.data.room"} <= graph.keys()
+    for start in graph:
+        stack, seen = list(graph[start]), set()
+        while stack:
+            mod = stack.pop()
+            assert mod != start, f"import cycle through {start}"
+            if mod not in seen:
+                seen.add(mod)
+                stack.extend(graph.get(mod, ()))
+
+
+def test_pycolmap_only_inside_functions():
+    """pycolmap is the optional extra [sfm]: no module imports it at import time."""
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in tree.body:
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "pycolmap" for n in names), f"{path}:{node.lineno}"
+
+
+def test_viewer_stands_apart():
+    """The viewer reads no run folders itself (the CLI hands it Gaussians), so it imports
+    neither train nor bench; train reaches it only through the live view the trainer opens
+    when ``viewer_port`` is set, and viser only inside functions."""
+    for path in (SRC / "viewer").rglob("*.py"):
+        for line, name in _imports(path):
+            assert not name.startswith(("tilesplat.train", "tilesplat.bench", "tilesplat.cli")), (
+                f"{path}:{line} imports {name}"
+            )
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level: no viser
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                assert not any(m.split(".")[0] == "viser" for m in mods), f"{path} imports viser"
+    for path in (SRC / "train").rglob("*.py"):
+        for line, name in _imports(path):
+            if name.startswith("tilesplat.viewer"):
+                assert path.name == "trainer.py" and name == "tilesplat.viewer.live", (
+                    f"{path}:{line} imports {name}"
+                )

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..io.atomic import atomic_write_bytes
 from ..io.images import write_png
 
 FORMAT_VERSION = 1
@@ -295,14 +294,7 @@ def camera_positions(n: int, seed: int, test: bool) -> np.ndarray:
 
 
 def _write_json_atomic(path: Path, obj: object) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode("utf-8"), fsync=False)
 
 
 def _is_complete(out: Path, params: dict) -> bool:

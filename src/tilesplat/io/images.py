@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+
+from .atomic import atomic_writer
 
 
 def to_uint8(image: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -45,14 +45,8 @@ def write_png(path: str | Path, image: torch.Tensor | np.ndarray) -> Path:
     path = Path(path)
     arr = to_uint8(image)
     pil = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)  # L, RGB or RGBA
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pil.save(f, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path, fsync=False) as f:
+        pil.save(f, format="PNG")
     return path
 
 

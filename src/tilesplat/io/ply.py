@@ -18,12 +18,12 @@ messages for truncated or malformed files with no extra dependency.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .atomic import atomic_writer
 
 _PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
@@ -99,15 +99,9 @@ def save_ply(
         + "".join(f"property float {p}\n" for p in names)
         + "end_header\n"
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.encode("ascii"))
-            f.write(np.ascontiguousarray(data).tobytes())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        f.write(header.encode("ascii"))
+        f.write(np.ascontiguousarray(data).tobytes())
     return path
 
 

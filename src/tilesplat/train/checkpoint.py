@@ -9,35 +9,17 @@ step, and the training log, so that ``--resume`` continues bit for bit on CPU.
 from __future__ import annotations
 
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# One atomic writer for every file a run writes (mode from the umask): io/atomic.py.
+from ..io.atomic import atomic_write_bytes
+
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temp file in the same folder, fsync and rename.
-
-    A reader sees the old file or the new one, never a partial one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:

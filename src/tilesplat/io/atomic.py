@@ -1,0 +1,71 @@
+"""Atomic file writes with the file mode the user's umask implies.
+
+Every file tilesplat writes (PLY, PNG, checkpoints, JSON, TOML, .splat, .spz) goes through a
+temp file in the destination folder, fsync and ``os.replace``: a reader sees the old file or
+the new one, never a partial one. ``tempfile.mkstemp`` creates its file ``0600``; the file is
+given ``0666 & ~umask`` (``0644`` under umask 022) before the rename, as ``open()`` would have,
+so that a viewer, a web server or a colleague can read what a run wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows.
+
+    Linux reports it in ``/proc/self/status``; elsewhere ``os.umask`` is set and restored at
+    once (a brief window in which another thread's new file would get mode 0666 & ~0o022).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: ``0o666 & ~umask``."""
+    return 0o666 & ~current_umask()
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file object whose contents replace ``path`` when the block ends normally.
+
+    The temp file (``.NAME.XXXX.tmp`` in the same folder) is removed on any error, and
+    ``path`` is left as it was. The folder must exist.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, default_file_mode())
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = True) -> Path:
+    """Write ``data`` to ``path`` atomically (folder created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path, fsync=fsync) as f:
+        f.write(data)
+    return path

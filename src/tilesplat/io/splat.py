@@ -1,0 +1,101 @@
+"""``.splat`` files: antimatter15's WebGL splat viewer layout, 32 bytes per Gaussian.
+
+Each Gaussian, little endian, no header::
+
+    float32 x, y, z                      position
+    float32 sx, sy, sz                   scales (linear: exp of the log-scales)
+    uint8   r, g, b, a                   base colour (0.5 + SH_C0 * dc) and opacity, x 255
+    uint8   qw, qx, qy, qz               unit quaternion, round(q * 128 + 128) clipped to 0..255
+
+Only the degree-0 colour survives (view-dependent colour is dropped); colour, opacity and
+rotation are quantised to 8 bits. Gaussians are written largest first (volume x opacity), the
+order the web viewers stream them in. Positions are in the PLY's frame, as that viewer's
+converter writes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .atomic import atomic_writer
+from .gaussians import SH_C0, as_arrays, check_count, check_finite, to_tensors
+
+RECORD = np.dtype(
+    [("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]
+)
+assert RECORD.itemsize == 32
+_ALPHA_EPS = 0.5 / 255.0  # alpha 0 or 255 decodes to this far inside (0, 1): a finite logit
+
+
+def splat_order(log_scales: np.ndarray, opacity_logits: np.ndarray) -> np.ndarray:
+    """Indices largest first by volume x opacity: [N] int64 (stable for ties)."""
+    key = log_scales.astype(np.float64).sum(axis=1) - np.logaddexp(0.0, -opacity_logits)
+    return np.argsort(-key, kind="stable")
+
+
+def save_splat(
+    path: str | Path,
+    means: torch.Tensor,  # [N, 3]
+    quats: torch.Tensor,  # [N, 4] (w, x, y, z), any norm
+    log_scales: torch.Tensor,  # [N, 3]
+    opacity_logits: torch.Tensor,  # [N]
+    sh: torch.Tensor,  # [N, K, 3]; only sh[:, 0] is kept
+) -> Path:
+    """Write Gaussians as a ``.splat`` file, atomically; returns the path."""
+    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    norms = np.linalg.norm(a["quats"], axis=1, keepdims=True)
+    if not np.all(norms > 0):
+        raise ValueError("quats: a quaternion is zero")
+    order = splat_order(a["log_scales"], a["opacity_logits"])
+    rec = np.empty(len(order), RECORD)
+    rec["position"] = a["means"][order]
+    rec["scale"] = np.exp(a["log_scales"][order])
+    rgb = 0.5 + SH_C0 * a["sh"][order, 0, :]
+    alpha = 1.0 / (1.0 + np.exp(-a["opacity_logits"][order].astype(np.float64)))
+    rec["rgba"][:, :3] = np.clip(np.round(rgb * 255.0), 0, 255)
+    rec["rgba"][:, 3] = np.clip(np.round(alpha * 255.0), 0, 255)
+    q = (a["quats"] / norms)[order]
+    rec["rot"] = np.clip(np.round(q * 128.0 + 128.0), 0, 255)
+    path = Path(path)
+    with atomic_writer(path) as f:
+        f.write(rec.tobytes())
+    return path
+
+
+def load_splat(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a ``.splat`` file (see the module docstring) as raw parameters, SH degree 0.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError (naming the file): a size that is not a multiple of 32 bytes, no
+            Gaussians, non-finite values, scales <= 0 or a zero quaternion.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f".splat file not found: {path}")
+    size = path.stat().st_size
+    if size % RECORD.itemsize:
+        raise ValueError(
+            f"{path}: not a .splat file: {size} bytes is not a multiple of the "
+            f"{RECORD.itemsize}-byte record"
+        )
+    check_count(path, size // RECORD.itemsize)
+    rec = np.fromfile(path, dtype=RECORD)
+    scales = rec["scale"].astype(np.float32)
+    if not np.all(scales > 0):  # also catches NaN
+        i = int(np.argmax(~(scales > 0).all(axis=1)))
+        raise ValueError(f"{path}: the scale of Gaussian {i} is not a positive number")
+    rgba = rec["rgba"].astype(np.float32) / 255.0
+    alpha = np.clip(rgba[:, 3], _ALPHA_EPS, 1.0 - _ALPHA_EPS)
+    arrays = {
+        "means": rec["position"].astype(np.float32),
+        "quats": (rec["rot"].astype(np.float32) - 128.0) / 128.0,
+        "log_scales": np.log(scales),
+        "opacity_logits": np.log(alpha / (1.0 - alpha)).astype(np.float32),
+        "sh": ((rgba[:, None, :3] - 0.5) / SH_C0).astype(np.float32),
+    }
+    check_finite(path, arrays)
+    return to_tensors(arrays)
