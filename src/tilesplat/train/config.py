@@ -87,6 +87,12 @@ class TrainConfig:
     save_ply: bool = _f(True, "write point_cloud.ply (3DGS layout) at the end", "run")
     progress: bool = _f(True, "show a progress line (steps/s, loss, PSNR, Gaussians)", "run")
     lpips: bool = _f(True, "also report LPIPS when the lpips package is importable", "run")
+    viewer_port: int = _f(
+        0,
+        "serve a live view of the training at http://127.0.0.1:PORT while it runs "
+        '(pip install "tilesplat[viewer]"; docs/viewer.md); 0: off',
+        "run",
+    )
 
     # --- model and initialisation ---
     sh_degree: int = _f(3, "highest spherical-harmonics degree of the colours (0-4)", "model")
@@ -286,6 +292,10 @@ class TrainConfig:
             f"far_plane ({self.far_plane}) must exceed near_plane ({self.near_plane})",
         )
         need(self.prune_opacity < 0.5, f"prune_opacity must be < 0.5, got {self.prune_opacity}")
+        need(
+            0 <= self.viewer_port <= 65535,
+            f"viewer_port must be in 0..65535, got {self.viewer_port}",
+        )
         if errors:
             raise ValueError("invalid config: " + "; ".join(errors))
         return self

@@ -264,11 +264,20 @@ class Trainer:
         frames = self.dataset.test or self.dataset.train
         return evaluate(self.params, frames, self.cfg, self.dataset.background)["psnr"]
 
+    def _open_viewer(self) -> Any:
+        """The live view of ``viewer_port`` (docs/viewer.md), or None when it is 0."""
+        if not self.cfg.viewer_port:
+            return None
+        from ..viewer.live import LiveViewer
+
+        return LiveViewer(self.cfg.viewer_port, log=self.log)
+
     def train(self) -> None:
         """Run the remaining steps; on Ctrl-C finish the step, checkpoint, re-raise."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress)
+        viewer = self._open_viewer()
         with _StopRequest() as stop:
             try:
                 while self.step < cfg.steps:
@@ -295,8 +304,14 @@ class Trainer:
                     progress.update(
                         self.step, loss=loss, psnr=step_psnr, gaussians=len(self.params["means"])
                     )
+                    if viewer is not None:
+                        viewer.after_step(
+                            self.step, loss, step_psnr, self.params, lambda: stop.requested
+                        )
             finally:
                 progress.close()
+                if viewer is not None:
+                    viewer.close()
         self.save_checkpoint()
 
 
