@@ -1,108 +1,210 @@
 #!/usr/bin/env python
-"""One-shot check of the ``cuda`` backend on a GPU: parity against ``cpu``, then the bench.
+"""One-shot check of the ``cuda`` backend on a GPU: kernels, parity against ``cpu``, bench.
 
-Installs nothing; needs ``pip install -e .[cuda]`` done beforehand. Meant to fit one call of
-under 8 minutes on a lent GPU (``--budget-s``, default 450: a step that would start after
-the budget is skipped and reported as skipped, never silently dropped).
+Installs nothing, and needs only torch, numpy, numba and numba-cuda (the lent GPU machine's
+``python3`` has them): ``PYTHONPATH=src python3 scripts/gpu_check.py --out $OUT/gpu``. A run
+with the defaults fits well under 10 minutes on an H200, compilation included: a step that
+would start after ``--budget-s`` (default 360) is reported as skipped, never dropped.
 
-Steps, in order:
-1. parity of ``cuda:per_pixel`` and ``cuda:per_splat`` against ``cpu:per_splat`` (``--against``)
-   on every scene (``tilesplat.bench.run_parity``: every output and gradient, 1e-4);
-2. bench (``tilesplat.bench.run_bench``) of ``cuda:per_pixel`` and ``cuda:per_splat`` with the
-   warp skip on, then the same two arms with the warp skip off (``per_pixel`` variant; the
-   ``per_splat`` arm does not depend on it and links the two runs), then ``per_splat`` with
-   batches of 256 against 32;
-3. writes ``OUT/gpu_check.json`` (everything) and ``OUT/gpu_check.md`` (a short table).
+Output: the first line gives the versions (and says so when numba-cuda is older than the
+floor, 0.21); ``OUT/gpu_check.json`` (every number) and ``OUT/gpu_check.md`` (tables) are
+rewritten atomically after every step, so a run killed at the machine's time cap leaves what
+it had.
+
+Steps, the most valuable numbers first:
+
+0. NVVM preflight: one tiny ``numba.cuda.compile_ptx`` (a clear message if NVVM is missing;
+   the GPU steps are then skipped);
+1. smoke test (:mod:`tilesplat.bench.smoke`, seconds): every op forward and backward on the
+   GPU through the public API against the ``torch`` reference, both backward schemes, warp
+   skip on and off, batches 32 and 256;
+2. parity of ``cuda:per_pixel`` and ``cuda:per_splat`` against ``cpu:per_splat``
+   (``--against``) on the first scene: every output and gradient, failing elements counted
+   per tensor under the cross-device policy of :mod:`tilesplat.bench.parity`;
+3. bench (:func:`tilesplat.bench.run_bench`) of ``cuda:per_pixel`` and ``cuda:per_splat`` on
+   the last scene (the 4 ms target's), then parity there, then the bench on the other scenes;
+4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
+   batches of 256.
 
 Usage::
 
-    python scripts/gpu_check.py --out gpu_check            # garden + synthetic:400000:800x800
-    NUMBA_ENABLE_CUDASIM=1 python scripts/gpu_check.py --scene synthetic:50:32x32 --quick
+    PYTHONPATH=src python3 scripts/gpu_check.py --out gpu_check   # garden + 400k at 800x800
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=src python scripts/gpu_check.py \\
+        --scene synthetic:20:16x16 --quick --out /tmp/gpucheck           # rehearsal, no GPU
 
-Under the simulator the ``cuda`` arms' tensors are on the CPU (``Arm.torch_device``); it only
-exercises this script.
+Under numba's simulator the ``cuda`` arms' tensors are on the CPU (``Arm.torch_device``); it
+only rehearses this script (slowly: every GPU thread is a Python thread).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import re
 import sys
+import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_SCENES = ("garden", "synthetic:400000:800x800")
 SCHEMES = ("per_pixel", "per_splat")
+# The oldest numba-cuda the cuda backend works with (numba.cuda.types, launch_bounds).
+NUMBA_CUDA_FLOOR = (0, 21)
 
 
-def _versions() -> dict[str, Any]:
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """``"0.30.4"`` -> ``(0, 30, 4)``; stops at the first piece that is not a number."""
+    out = []
+    for piece in text.split("+")[0].split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        out.append(int(digits.group()))
+    return tuple(out)
+
+
+def versions() -> dict[str, Any]:
+    """Python, torch, numba, numba-cuda (without importing it), the GPU, the simulator."""
+    from importlib import metadata
+
     import numba
     import torch
 
     out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "numba": numba.__version__}
+                           "torch_cuda": torch.version.cuda, "numba": numba.__version__}
     try:
-        import numba_cuda
-
-        out["numba_cuda"] = numba_cuda.__version__
-    except ImportError as exc:  # reported, and every cuda step below will fail clearly
-        out["numba_cuda"] = f"not installed ({exc})"
+        out["numba_cuda"] = metadata.version("numba-cuda")
+    except metadata.PackageNotFoundError:
+        out["numba_cuda"] = None
     out["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    out["gpu"] = None
     if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-        out["cuda_runtime"] = torch.version.cuda
         cap = torch.cuda.get_device_capability(0)
-        out["compute_capability"] = f"{cap[0]}.{cap[1]}"
-    else:
-        out["gpu"] = None
+        out.update(gpu=torch.cuda.get_device_name(0), compute_capability=f"{cap[0]}.{cap[1]}",
+                   gpus=torch.cuda.device_count())
     return out
 
 
-class Budget:
-    """Wall-clock budget: ``run`` skips a step once the budget is spent."""
+def version_line(v: dict[str, Any]) -> str:
+    """The first line of output; names a numba-cuda older than the floor."""
+    floor = ".".join(map(str, NUMBA_CUDA_FLOOR))
+    gpu = (f"{v['gpu']} (sm_{v['compute_capability'].replace('.', '')}, {v['gpus']} GPU(s))"
+           if v["gpu"] else "no GPU")
+    line = (f"gpu_check: python {v['python']}, torch {v['torch']} (CUDA {v['torch_cuda']}), "
+            f"numba {v['numba']}, numba-cuda {v['numba_cuda'] or 'NOT INSTALLED'}, {gpu}"
+            f"{', numba CUDA simulator' if v['simulator'] else ''}")
+    if v["numba_cuda"] is None:
+        return line + f" -- the cuda backend needs numba-cuda >= {floor}"
+    if _version_tuple(v["numba_cuda"]) < NUMBA_CUDA_FLOOR:
+        return (line + f" -- numba-cuda {v['numba_cuda']} is OLDER THAN THE FLOOR {floor}: "
+                "the cuda backend will not import")
+    return line
 
-    def __init__(self, seconds: float) -> None:
+
+def nvvm_preflight(cc: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Compiles a one-line kernel to PTX; ``ok`` False with a clear ``message`` when NVVM is
+    missing or broken (then no kernel of the cuda backend can compile)."""
+    t0 = time.perf_counter()
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return {"ok": True, "seconds": 0.0, "message": "skipped: numba's simulator has no NVVM"}
+    try:
+        import torch
+        from numba import cuda
+
+        if cc is None:
+            cc = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else (9, 0)
+
+        def tiny(x):
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] = x[i] * 2.0 + 1.0
+
+        ptx, _ = cuda.compile_ptx(tiny, "void(float32[:])", cc=tuple(cc))
+        if ".entry" not in ptx:
+            raise RuntimeError("the PTX has no kernel entry")
+    except Exception as exc:
+        return {"ok": False, "seconds": time.perf_counter() - t0,
+                "error": f"{type(exc).__name__}: {exc}",
+                "message": ("NVVM preflight FAILED: numba-cuda cannot compile a one-line kernel "
+                            f"to PTX ({type(exc).__name__}: {exc}). NVVM (libnvvm) is missing "
+                            "or broken: numba-cuda takes it from the nvidia-nvvm wheel (pip "
+                            "install 'numba-cuda[cu13]') or from a CUDA toolkit (CUDA_HOME). "
+                            "Every GPU step is skipped.")}
+    return {"ok": True, "seconds": time.perf_counter() - t0,
+            "message": f"NVVM ok: a kernel compiled to PTX for sm_{cc[0]}{cc[1]}"}
+
+
+def _write_text(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` atomically (a temporary file renamed over it)."""
+    fd, tmp = tempfile.mkstemp(prefix=".gpu_check-", dir=os.path.dirname(path) or ".")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+    os.replace(tmp, path)
+
+
+class Run:
+    """The report, the wall-clock budget, and the files rewritten after every step."""
+
+    def __init__(self, out: str, budget_s: float, report: dict[str, Any]) -> None:
+        self.out, self.budget_s, self.report = out, budget_s, report
         self.start = time.perf_counter()
-        self.seconds = seconds
-        self.log: list[dict[str, Any]] = []
+        report["steps"] = []
+        os.makedirs(out, exist_ok=True)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def run(self, name: str, fn, *args, **kwargs) -> Any:
+    def step(self, name: str, fn: Callable[[], Any], skip: str | None = None) -> Any:
+        """Runs ``fn`` unless ``skip`` (a reason) or the budget is spent; records it, writes."""
         entry: dict[str, Any] = {"step": name, "started_s": round(self.elapsed(), 1)}
-        self.log.append(entry)
-        if self.elapsed() > self.seconds:
-            entry["status"] = "skipped (budget spent)"
-            print(f"[{self.elapsed():6.1f}s] SKIP {name}: budget of {self.seconds:.0f}s spent")
+        self.report["steps"].append(entry)
+        if skip is None and self.elapsed() > self.budget_s:
+            skip = f"budget of {self.budget_s:.0f} s spent"
+        if skip is not None:
+            entry.update(status=f"skipped ({skip})", seconds=0.0)
+            print(f"[{self.elapsed():6.1f}s] SKIP {name}: {skip}", flush=True)
+            self.write()
             return None
         print(f"[{self.elapsed():6.1f}s] {name} ...", flush=True)
+        entry["status"] = "running (a run killed here stops with this status)"
+        self.write()
         t0 = time.perf_counter()
         try:
-            result = fn(*args, **kwargs)
+            result = fn()
             entry["status"] = "ok"
             return result
         except Exception as exc:  # one failing step must not hide the others' numbers
             entry["status"] = f"error: {type(exc).__name__}: {exc}"
             entry["traceback"] = traceback.format_exc()
-            print(f"    ERROR {type(exc).__name__}: {exc}")
+            print(f"    ERROR {type(exc).__name__}: {exc}", flush=True)
             return None
         finally:
             entry["seconds"] = round(time.perf_counter() - t0, 1)
+            self.report["elapsed_s"] = round(self.elapsed(), 1)
+            self.write()
+
+    def write(self) -> None:
+        from tilesplat.bench import write_json
+
+        write_json(self.report, os.path.join(self.out, "gpu_check.json"))
+        _write_text(os.path.join(self.out, "gpu_check.md"), tables(self.report))
 
 
-def _bench(scene: str, arms: list, options: dict[str, Any], quick: bool) -> dict[str, Any]:
+def _bench(scene: str, arms: list[str], options: dict[str, Any], quick: bool) -> dict[str, Any]:
     from tilesplat.backends.cuda import reset_options, set_options
     from tilesplat.bench import run_bench
 
     reset_options()
     set_options(**options)
     try:
-        iters, repeats = (1, 1) if quick else (10, 5)
-        res = run_bench(scene, arms, iters=iters, repeats=repeats, warmup=1 if quick else 3,
+        iters, repeats, warmup = (1, 1, 1) if quick else (5, 5, 2)
+        res = run_bench(scene, arms, iters=iters, repeats=repeats, warmup=warmup,
                         calibrate=False)
     finally:
         reset_options()
@@ -110,42 +212,75 @@ def _bench(scene: str, arms: list, options: dict[str, Any], quick: bool) -> dict
     return res
 
 
-def _step_row(res: dict[str, Any], arm: dict[str, Any], label: str) -> list[str]:
-    step = arm["ms"]["step"]
-    gpu = step.get("gpu", {}).get("median")
-    host = step.get("host_overhead_median")
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    return [res["scene"]["name"], label, fmt(step["median"]), fmt(gpu), fmt(host),
-            fmt(arm["ms"]["staged_total"]["median"]),
-            "PASS" if arm["parity_gate"]["passed"] else "FAIL"]
+def _f(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _table(report: dict[str, Any]) -> str:
-    lines = ["# GPU check", "", "```", json.dumps(report["versions"], indent=1), "```", "",
-             f"## Parity against {report['against']} (every output and gradient, 1e-4)", "",
-             "| scene | arm | result | worst tensor |", "| --- | --- | --- | --- |"]
-    for p in report["parity"]:
-        worst = "-"
-        if p.get("tensors"):
-            w = max(p["tensors"], key=lambda r: r.get("max_abs", 0.0) or 0.0)
-            worst = f"{w['name']} max abs {(w.get('max_abs') or 0.0):.2e}"
-        lines.append(f"| {p['scene']} | {p['arms'][1]} | "
-                     f"{'PASS' if p['passed'] else 'FAIL'} | {worst} |")
-    lines += ["", "## Training step (forward + backward + Adam), ms, median over repeats", "",
-              "| scene | arm | step | GPU-busy | host overhead | stages total | parity |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for b in report["bench"]:
-        opts = b["cuda_options"]
-        for arm in b["arms"]:
-            label = arm["spec"]
-            if arm["scheme"] == "per_pixel" and not opts.get("warp_skip", True):
-                label += " (no warp skip)"
-            if arm["scheme"] == "per_splat":
-                label += f" (batch {opts.get('splat_batch', 32)})"
-            lines.append("| " + " | ".join(_step_row(b, arm, label)) + " |")
-    lines += ["", "## Steps", "", "| step | status | seconds |", "| --- | --- | --- |"]
+def _g(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def tables(report: dict[str, Any]) -> str:
+    """The Markdown summary: versions, preflight, smoke, parity, bench, steps."""
+    lines = ["# GPU check", "", report["version_line"], ""]
+    pre = report.get("nvvm_preflight")
+    if pre:
+        lines += [pre["message"], ""]
+    smoke = report.get("smoke")
+    if smoke:
+        lines += [f"## Smoke test: every kernel against the torch reference "
+                  f"({smoke['seconds']:.1f} s)", "",
+                  "| case | status | first call s | warm call ms |", "| --- | --- | --- | --- |"]
+        for r in smoke["cases"]:
+            warm = r.get("warm_call_s")
+            lines.append(f"| {r['case']} | {r['status'].splitlines()[0][:160]} | "
+                         f"{_f(r.get('first_call_s'), 2)} | "
+                         f"{'-' if warm is None else f'{warm * 1e3:.2f}'} |")
+        lines.append("")
+    if report["parity"]:
+        lines += [f"## Parity against {report['against']} (atol = rtol = 1e-4, failing "
+                  "elements counted per tensor)", "",
+                  "| scene | arm | result | failing elements (all tensors) | worst tensor |",
+                  "| --- | --- | --- | --- | --- |"]
+        for p in report["parity"]:
+            rows = p["tensors"]
+            total = sum(r.get("n_fail") or 0 for r in rows)
+            worst = max(rows, key=lambda r: (r.get("n_fail") or 0, r.get("max_abs") or 0.0))
+            lines.append(f"| {p['scene']} | {p['arms'][1]} | {'PASS' if p['passed'] else 'FAIL'}"
+                         f" | {total:,} | {worst['name']}: {worst.get('verdict', '-')}, max abs "
+                         f"{_g(worst.get('max_abs'))} |")
+        lines += ["", "Policy: " + report["parity"][0].get("policy", "-"), ""]
+    if report["bench"]:
+        lines += ["## Training step (forward + backward + Adam), ms, median over repeats", "",
+                  "Launches: numba kernel launches per step (PyTorch's own kernels not "
+                  "counted); launcher Python: the cuda launchers' Python outside the kernel "
+                  "calls, per step.", "",
+                  "| scene | arm | step | GPU-busy | host overhead | launches | launcher "
+                  "Python | stages total | parity vs first |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for b in report["bench"]:
+            opts = b["cuda_options"]
+            for arm in b["arms"]:
+                label = arm["spec"]
+                if arm["scheme"] == "per_pixel" and not opts.get("warp_skip", True):
+                    label += " (no warp skip)"
+                if arm["scheme"] == "per_splat":
+                    label += f" (batch {opts.get('splat_batch', 32)})"
+                step = arm["ms"]["step"]
+                gate = arm["parity_gate"]
+                n = arm.get("cuda_launches") or {}
+                lines.append(
+                    f"| {b['scene']['name']} | {label} | {_f(step['median'])} | "
+                    f"{_f(step.get('gpu', {}).get('median'))} | "
+                    f"{_f(step.get('host_overhead_median'))} | {n.get('launches', '-')} | "
+                    f"{_f(n.get('host_ms', {}).get('median'))} | "
+                    f"{_f(arm['ms']['staged_total']['median'])} | "
+                    f"{'PASS' if gate['passed'] else 'FAIL'} ({gate.get('n_fail', '-')} failing) |")
+        lines.append("")
+    lines += ["## Steps", "", "| step | status | started s | seconds |",
+              "| --- | --- | --- | --- |"]
     for s in report["steps"]:
-        lines.append(f"| {s['step']} | {s['status'].splitlines()[0][:120]} | "
+        lines.append(f"| {s['step']} | {s['status'].splitlines()[0][:160]} | {s['started_s']} | "
                      f"{s.get('seconds', '-')} |")
     return "\n".join(lines) + "\n"
 
@@ -153,57 +288,82 @@ def _table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scene", nargs="+", default=list(DEFAULT_SCENES),
-                        help="scenes (default: %(default)s)")
+                        help="scenes; parity runs first on the first, the bench first on the "
+                        "last (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="one iteration per arm (a smoke test of this script)")
+                        help="a tiny smoke test and one bench iteration (rehearsals)")
     parser.add_argument("--out", default="gpu_check", help="output folder (default: %(default)s)")
     parser.add_argument("--against", default="cpu:per_splat",
                         help="the arm the cuda arms must match (default: %(default)s; "
                         "cpu:per_pixel recovers T from 1 - render_alphas and is the less "
                         "precise of the CPU schemes, see docs/gpu.md)")
-    parser.add_argument("--budget-s", type=float, default=450.0,
-                        help="skip steps that would start after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=360.0,
+                        help="skip steps that would start after this many seconds "
+                        "(default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from tilesplat.bench import format_bench, format_parity, run_parity
+    v = versions()
+    line = version_line(v)
+    print(line, flush=True)  # the first line, before anything can fail
+    report: dict[str, Any] = {"version_line": line, "versions": v, "argv": sys.argv[1:],
+                              "against": args.against, "parity": [], "bench": []}
+    run = Run(args.out, args.budget_s, report)
+    pre = report["nvvm_preflight"] = nvvm_preflight()
+    print(pre["message"], flush=True)
+    no_gpu = None if pre["ok"] else "NVVM preflight failed"
+    run.write()
 
-    os.makedirs(args.out, exist_ok=True)
-    budget = Budget(args.budget_s)
-    report: dict[str, Any] = {"versions": _versions(), "argv": sys.argv[1:],
-                              "against": args.against, "parity": [], "bench": [],
-                              "steps": budget.log}
-    print(json.dumps(report["versions"]))
+    from tilesplat.bench import format_bench, format_parity
+    from tilesplat.bench.smoke import format_smoke, run_smoke
 
-    for scene in args.scene:
+    sim = v["simulator"]
+    tiny = {"n": 8, "width": 16, "height": 8, "tile_size": 8, "warm": False}
+    smoke = run.step("smoke test of every kernel", lambda: run_smoke(
+        **(tiny if sim or args.quick else {})), skip=no_gpu)
+    if smoke is not None:
+        report["smoke"] = smoke
+        print(format_smoke(smoke), flush=True)
+
+    def parity(scene: str) -> None:
+        from tilesplat.bench import run_parity
+
         for scheme in SCHEMES:
-            res = budget.run(f"parity {args.against} vs cuda:{scheme} on {scene}", run_parity,
-                             scene, args.against, f"cuda:{scheme}")
+            res = run.step(f"parity {args.against} vs cuda:{scheme} on {scene}",
+                           lambda s=scheme: run_parity(scene, args.against, f"cuda:{s}"),
+                           skip=no_gpu)
             if res is not None:
                 report["parity"].append(res)
-                print(format_parity(res))
+                print(format_parity(res), flush=True)
 
     arms = ["cuda:per_pixel", "cuda:per_splat"]
-    variants = [("warp skip on, batch 32", {"warp_skip": True, "splat_batch": 32}, arms),
-                ("warp skip off", {"warp_skip": False, "splat_batch": 32}, arms),
+
+    def bench(scene: str, title: str, options: dict[str, Any], arm_list: list[str]) -> None:
+        res = run.step(f"bench {scene}: {title}",
+                       lambda: _bench(scene, arm_list, options, args.quick), skip=no_gpu)
+        if res is not None:
+            report["bench"].append(res)
+            print(format_bench(res), flush=True)
+
+    scenes = list(dict.fromkeys(args.scene))
+    default = ("warp skip on, batch 32", {"warp_skip": True, "splat_batch": 32}, arms)
+    variants = [("warp skip off", {"warp_skip": False, "splat_batch": 32}, arms),
                 ("per_splat batch 256", {"warp_skip": True, "splat_batch": 256}, arms[1:])]
-    for scene in reversed(args.scene):  # the large synthetic scene first: the target's
-        for title, options, arm_list in variants:
-            res = budget.run(f"bench {scene}: {title}", _bench, scene, arm_list, options,
-                             args.quick)
-            if res is not None:
-                report["bench"].append(res)
-                print(format_bench(res))
+    parity(scenes[0])
+    bench(scenes[-1], *default)
+    for scene in scenes[1:]:
+        parity(scene)
+    for scene in scenes[:-1]:
+        bench(scene, *default)
+    for scene in reversed(scenes):
+        for variant in variants:
+            bench(scene, *variant)
 
-    from tilesplat.bench import write_json
-
-    report["elapsed_s"] = round(budget.elapsed(), 1)
-    write_json(report, os.path.join(args.out, "gpu_check.json"))
-    table = _table(report)
-    with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
-        f.write(table)
-    print(table)
-    ok = (all(p["passed"] for p in report["parity"]) and report["parity"]
-          and all(s["status"] == "ok" for s in budget.log))
+    report["elapsed_s"] = round(run.elapsed(), 1)
+    run.write()
+    print(tables(report), flush=True)
+    ok = (smoke is not None and smoke["passed"] and report["parity"]
+          and all(p["passed"] for p in report["parity"])
+          and all(s["status"] == "ok" for s in report["steps"]))
     return 0 if ok else 1
 
 

@@ -191,3 +191,72 @@ else:
         assert STAGED <= set(simulated_cuda)
         gate = res["arms"][1]["parity_gate"]
         assert gate["passed"] and res["parity_gate_passed"], gate
+
+    # ---- the smoke test of scripts/gpu_check.py (its cheap cases; the rehearsal runs all) --
+
+    def _cheap(name: str) -> bool:
+        return "per_pixel" not in name and "256" not in name
+
+    TINY = {"n": 6, "cameras": 1, "width": 8, "height": 8, "tile_size": 8, "warm": False}
+
+    def test_smoke_test_passes_and_times_each_case():
+        from tilesplat.bench.smoke import RASTER_CASES, format_smoke, run_smoke
+
+        res = run_smoke(**TINY, only=_cheap)
+        names = [r["case"] for r in res["cases"]]
+        assert names == ["quat_scale_to_covar_preci", "fully_fused_projection",
+                         "spherical_harmonics", "isect_tiles + isect_offset_encode",
+                         "rasterize_to_pixels per_splat, batch 32"]
+        assert len(RASTER_CASES) == 4 and res["device"] == "cpu"  # the simulator's
+        assert res["passed"], format_smoke(res)
+        for row in res["cases"]:
+            assert row["status"] == "ok" and row["first_call_s"] > 0 and row["n_fail"] == 0
+            assert all(t["numel_a"] > 0 for t in row["tensors"]), row
+        raster = {t["name"]: t for t in res["cases"][-1]["tensors"]}
+        assert set(raster) == {"render_colors", "render_alphas", "last_ids", "v_means2d",
+                               "v_conics", "v_colors", "v_opacities", "v_backgrounds"}
+        assert "SMOKE PASS" in format_smoke(res)
+
+    def test_smoke_test_counts_a_wrong_kernel_and_goes_on_after_an_error(monkeypatch):
+        from tilesplat.bench.smoke import format_smoke, run_smoke
+
+        real = registry._impls[("quat_scale_to_covar_preci", "cuda")]
+
+        def wrong_forward(*args):
+            covars, precis = real.forward(*args)
+            covars = covars.clone()
+            covars.view(-1)[:5] += 1e-2
+            return covars, precis
+
+        def broken_forward(*args):
+            raise RuntimeError("too many resources requested for launch")
+
+        monkeypatch.setitem(registry._impls, ("quat_scale_to_covar_preci", "cuda"),
+                            registry.DiffOp(wrong_forward, real.backward))
+        monkeypatch.setitem(registry._impls, ("spherical_harmonics", "cuda"),
+                            registry.DiffOp(broken_forward, broken_forward))
+        res = run_smoke(**TINY, only=lambda name: "rasterize" not in name)
+        rows = {r["case"]: r for r in res["cases"]}
+        assert not res["passed"]
+        covar = rows["quat_scale_to_covar_preci"]
+        assert covar["status"] == "MISMATCH covars 5/54"
+        assert rows["spherical_harmonics"]["status"] == (
+            "error: RuntimeError: too many resources requested for launch")
+        assert rows["fully_fused_projection"]["status"] == "ok"  # the others still ran
+        assert rows["isect_tiles + isect_offset_encode"]["status"] == "ok"
+        assert "SMOKE FAIL" in format_smoke(res)
+
+    def test_bench_counts_the_launches_of_a_cuda_step():
+        from tilesplat.bench import format_bench
+
+        res = run_bench(SCENE, ["torch", "cuda:per_splat"], iters=1, repeats=1, sh_degree=1,
+                        tile_size=TILE, calibrate=False)
+        torch_arm, cuda_arm = res["arms"]
+        assert torch_arm["cuda_launches"] is None
+        n = cuda_arm["cuda_launches"]
+        # projection, SH, isect count + fill, offsets, raster; raster, SH, projection backward
+        assert n["steps"] == 1 and n["launches"] == 9 and n["launcher_calls"] == 8, n
+        assert n["host_ms"]["median"] > 0 and n["kernel_call_ms"]["median"] > 0
+        assert res["parity_gate_passed"], cuda_arm["parity_gate"]["summary"]
+        text = format_bench(res)
+        assert "step kernel launches" in text and "step launcher Python ms" in text
