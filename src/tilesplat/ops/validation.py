@@ -6,6 +6,7 @@ Errors name the argument, what was expected and what came, e.g.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -38,6 +39,17 @@ def check_finite_enabled() -> bool:
 _TOKEN = re.compile(r"\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+")
 
 
+@functools.lru_cache(maxsize=256)
+def _parse(pattern: str) -> tuple[tuple[str, ...], tuple[str | int, ...], bool]:
+    """``"..., N, 2"`` -> (tokens, the fixed dims with numbers as ints, whether ``...`` leads);
+    parsed once per pattern (a training step checks a few dozen shapes)."""
+    tokens = tuple(_TOKEN.findall(pattern))
+    if "..." in tokens and tokens[0] != "...":
+        raise AssertionError("'...' must lead a pattern")
+    fixed = tuple(int(tok) if tok.isdigit() else tok for tok in tokens if tok != "...")
+    return tokens, fixed, "..." in tokens
+
+
 class Shapes:
     """Checks tensor shapes against patterns like ``"..., N, 2"``, binding named sizes.
 
@@ -47,39 +59,35 @@ class Shapes:
     def __init__(self, **known: int | tuple[int, ...]) -> None:
         self.dims: dict[str, int | tuple[int, ...]] = dict(known)
 
-    def _describe(self, pattern: str) -> str:
-        return "[" + pattern + "]"
-
-    def check(self, name: str, t: Tensor, pattern: str) -> None:
-        tokens = _TOKEN.findall(pattern)
-        shape = tuple(t.shape)
-        expected = f"expected {name} {self._describe(pattern)}"
+    def _fail(self, name: str, pattern: str, tokens: tuple[str, ...], shape: tuple) -> None:
         bound = ", ".join(f"{k}={v}" for k, v in self.dims.items() if k in tokens)
         where = f" (with {bound})" if bound else ""
-        fixed = [tok for tok in tokens if tok != "..."]
-        if "..." in tokens:
-            if tokens[0] != "...":
-                raise AssertionError("'...' must lead a pattern")
+        raise ValueError(f"expected {name} [{pattern}]{where}, got {shape}")
+
+    def check(self, name: str, t: Tensor, pattern: str) -> None:
+        tokens, fixed, batched = _parse(pattern)
+        shape = tuple(t.shape)
+        if batched:
             if len(shape) < len(fixed):
-                raise ValueError(f"{expected}{where}, got {shape}")
+                self._fail(name, pattern, tokens, shape)
             lead, rest = shape[: len(shape) - len(fixed)], shape[len(shape) - len(fixed) :]
             if "..." in self.dims and self.dims["..."] != lead:
-                raise ValueError(f"{expected}{where}, got {shape}")
+                self._fail(name, pattern, tokens, shape)
         else:
             if len(shape) != len(fixed):
-                raise ValueError(f"{expected}{where}, got {shape}")
+                self._fail(name, pattern, tokens, shape)
             lead, rest = (), shape
         new: dict[str, int | tuple[int, ...]] = {}
         for tok, size in zip(fixed, rest, strict=True):
-            if tok.isdigit():
-                if size != int(tok):
-                    raise ValueError(f"{expected}{where}, got {shape}")
+            if isinstance(tok, int):
+                if size != tok:
+                    self._fail(name, pattern, tokens, shape)
             else:
                 want = self.dims.get(tok, new.get(tok))
                 if want is not None and want != size:
-                    raise ValueError(f"{expected}{where}, got {shape}")
+                    self._fail(name, pattern, tokens, shape)
                 new[tok] = size
-        if "..." in tokens:
+        if batched:
             new["..."] = lead
         self.dims.update(new)
 
@@ -149,13 +157,21 @@ def _all_finite(t: Tensor) -> bool:
 
 
 def check_finite(named: dict[str, Tensor | None]) -> None:
-    """Rejects NaN or Inf in float tensors (unless switched off by set_check_finite)."""
+    """Rejects NaN or Inf in float tensors (unless switched off by set_check_finite).
+
+    One reduction per tensor and one host read for them all (on a GPU every read of a
+    device value waits for the stream); the tensor-by-tensor check runs only when that sum
+    is not finite, to name the tensor or to clear a finite overflow."""
     if not check_finite_enabled():
         return
-    for name, t in named.items():
-        if t is None or not t.is_floating_point() or not t.numel():
-            continue
-        t = _distinct(t)
+    tensors = {name: _distinct(t) for name, t in named.items()
+               if t is not None and t.is_floating_point() and t.numel()}
+    if not tensors:
+        return
+    sums = torch.stack([t.sum().to(torch.float64) for t in tensors.values()])
+    if bool(torch.isfinite(sums).all()):
+        return
+    for name, t in tensors.items():
         if not _all_finite(t):
             bad = int((~torch.isfinite(t)).sum())
             raise ValueError(
