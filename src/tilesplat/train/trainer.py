@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..data.dataset import SceneDataset
+from ..strategy import DefaultStrategy, MCMCStrategy, Strategy
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .init import init_params, random_points, visible_half_width
@@ -27,7 +28,6 @@ from .metrics import psnr
 from .progress import Progress
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
-from .strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
 HISTORY_KEYS = ("step", "time", "loss", "psnr", "gaussians", "test_step", "test_time", "test_psnr")
@@ -152,7 +152,7 @@ class Trainer:
             torch.manual_seed(cfg.seed)
             self.params = make_params(initial_gaussians(cfg, dataset))
             self.optimizers = make_optimizers(self.params, cfg, self.scene_scale)
-            self.strategy_state = self.strategy.initialize_state(self.scene_scale)
+            self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
             self.step = 0
             self.elapsed = 0.0
             self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
@@ -231,15 +231,17 @@ class Trainer:
                 self.params, self.optimizers, self.strategy_state, step, info
             ),
         )
-        self.strategy.step_post_backward(
-            self.params,
-            self.optimizers,
-            self.strategy_state,
-            step,
-            res.info,
-            means_lr=res.means_lr,
-            packed=cfg.packed,
-        )
+        # the hooks take gsplat's arguments, as its simple_trainer.py passes them
+        if isinstance(self.strategy, MCMCStrategy):
+            self.strategy.step_post_backward(
+                self.params, self.optimizers, self.strategy_state, step, res.info,
+                lr=res.means_lr,
+            )
+        else:
+            self.strategy.step_post_backward(
+                self.params, self.optimizers, self.strategy_state, step, res.info,
+                packed=cfg.packed,
+            )
         return float(res.loss), psnr(res.colors.clamp(0.0, 1.0), batch.target)
 
     # --- the loop ------------------------------------------------------------------------

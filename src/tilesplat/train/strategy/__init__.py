@@ -1,7 +1,8 @@
-"""Densification strategies: objects with ``step_pre_backward`` / ``step_post_backward`` hooks."""
+"""The trainer's densification strategies: :mod:`tilesplat.strategy`, one copy for both.
 
-from .base import Strategy
-from .default import DefaultStrategy
-from .mcmc import MCMCStrategy
+Kept as a path so that ``tilesplat.train.strategy`` (and ``.ops``) still import.
+"""
+
+from ...strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 __all__ = ["DefaultStrategy", "MCMCStrategy", "Strategy"]

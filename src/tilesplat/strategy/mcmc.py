@@ -9,12 +9,13 @@ opacity is low. The count never shrinks, so ``cap_max`` bounds the cost of a ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .base import Optimizers, Params, Strategy
+from .base import Optimizers, Params, Strategy, check_required
 from .ops import inject_noise, relocate, relocation_table, sample_add
 
 N_MAX = 51  # largest number of copies equation 9 is evaluated for (as gsplat)
@@ -30,10 +31,22 @@ class MCMCStrategy(Strategy):
     refine_stop_iter: int = 25_000
     refine_every: int = 100
     min_opacity: float = 0.005
+    verbose: bool = False
 
-    def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
-        """State: ``scene_scale`` only; the relocation table is rebuilt, not stored."""
-        return {"scene_scale": float(scene_scale)}
+    def initialize_state(self, *, scene_scale: float = 1.0) -> dict[str, Any]:
+        """State: ``binoms`` [51, 51] binomial coefficients C(n, k) (gsplat's layout, kept for
+        code that reads it; the relocation uses an exact float64 table of equation 9) and
+        ``scene_scale`` (unused by MCMC)."""
+        binoms = torch.zeros(N_MAX, N_MAX)
+        for n in range(N_MAX):
+            for k in range(n + 1):
+                binoms[n, k] = math.comb(n, k)
+        return {"binoms": binoms, "scene_scale": float(scene_scale)}
+
+    def check_sanity(self, params: Params, optimizers: Optimizers) -> None:
+        """The base checks, and that ``means``, ``scales``, ``quats``, ``opacities`` exist."""
+        super().check_sanity(params, optimizers)
+        check_required(params)
 
     def step_post_backward(
         self,
@@ -42,20 +55,35 @@ class MCMCStrategy(Strategy):
         state: dict[str, Any],
         step: int,
         info: dict[str, Any],
+        lr: float | None = None,
         *,
-        means_lr: float,
-        packed: bool = False,
+        means_lr: float | None = None,
     ) -> None:
+        """Relocate and add on schedule, then add noise to the means.
+
+        ``lr`` is the means' current learning rate (gsplat's argument; ``means_lr`` is its
+        tilesplat 0.1 name). One of them is required.
+        """
+        if lr is None:
+            lr = means_lr
+        if lr is None:
+            raise TypeError("MCMCStrategy.step_post_backward needs lr= (the means' learning rate)")
         if self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0:
             table = _table()
-            dead = torch.sigmoid(params["opacities"]) <= self.min_opacity
-            if bool(dead.any()):
+            dead = torch.sigmoid(params["opacities"].flatten()) <= self.min_opacity
+            n_dead = int(dead.sum())
+            if n_dead:
                 relocate(params, optimizers, dead, table, self.min_opacity)
             n = len(params["means"])
             n_add = max(0, min(self.cap_max, int(1.05 * n)) - n)
             if n_add > 0:
                 sample_add(params, optimizers, n_add, table, self.min_opacity)
-        inject_noise(params, means_lr * self.noise_lr)
+            if self.verbose:
+                print(
+                    f"Step {step}: relocated {n_dead} GSs, added {n_add} GSs. "
+                    f"Now having {len(params['means'])} GSs."
+                )
+        inject_noise(params, float(lr) * self.noise_lr)
 
 
 _TABLE: list[torch.Tensor] = []
