@@ -59,6 +59,7 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert [r["seed"] for r in result["runs"]] == [0, 0]  # one seed per repeat, both arms
     assert result["deltas"]["psnr_db"]["mean"] < -1.0
     assert result["arms"]["cand"]["config"]["steps"] == 4
+    assert result["runs"][0]["code"]["source"].endswith("src")
     # the gate refuses to reuse a folder that holds one
     assert main(argv) == 2
     assert "--out-dir" in capsys.readouterr().err
@@ -124,6 +125,10 @@ def test_verdicts_and_paired_deltas():
     failed = summarize_gate([*runs, _row("cand", 2, 0.0, ok=False)], psnr_guard=0.1)
     assert failed["verdict"] == "FAIL" and failed["reasons"] == ["1 run(s) failed"]
     assert failed["arms"]["cand"]["runs"] == 3 and failed["arms"]["cand"]["ok"] == 2
+    assert res["notes"] == []
+    runs[3]["code"] = {"commit": "abc", "dirty": False}
+    runs[0]["code"] = {"commit": "def", "dirty": True}
+    assert "source changed between runs" in summarize_gate(runs, 0.1)["notes"][0]
 
 
 def test_error_of_a_traceback(tmp_path):

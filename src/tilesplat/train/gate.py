@@ -82,6 +82,34 @@ def gate_dir(out_dir: str | Path | None) -> Path:
 # --- one run -------------------------------------------------------------------------------
 
 
+def code_version() -> dict[str, Any]:
+    """Where the tilesplat the runs import lives, and its git commit (None outside a
+    checkout) and whether tracked files differ from it: a shared checkout can change under a
+    long gate, and the gate says so."""
+    src = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(src), *args],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return {
+        "source": str(src),
+        "commit": commit or None,
+        "dirty": None if status is None else bool(status),
+    }
+
+
 def _last_line(path: Path, max_bytes: int = 4096) -> str:
     try:
         with open(path, "rb") as f:
@@ -198,10 +226,12 @@ def run_one(
         dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir / "config.toml"
     )
     log_path = run_dir / "train.log"
+    version = code_version()
     code, wall, timed_out = train_process(config_path, log_path, timeout, heartbeat)
     row: dict[str, Any] = {
         "run_dir": str(run_dir),
         "seed": cfg.seed,
+        "code": version,
         "exit_status": code,
         "wall_s": wall,
         "log": str(log_path),
@@ -287,11 +317,20 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
                 f"{pb:.2f} dB (guard {psnr_guard:g} dB)"
             )
     deltas["psnr_of_means_db"] = psnr_delta
+    versions = {(r["code"]["commit"], r["code"]["dirty"]) for r in runs if r.get("code")}
+    notes = []
+    if len(versions) > 1:
+        notes.append(
+            "the tilesplat source changed between runs (commits "
+            + ", ".join(sorted(str(c)[:10] + ("+dirty" if d else "") for c, d in versions))
+            + "): compare with care"
+        )
     return {
         "arms": arms,
         "deltas": deltas,
         "verdict": "FAIL" if reasons else "PASS",
         "reasons": reasons,
+        "notes": notes,
     }
 
 
@@ -435,6 +474,7 @@ def format_gate(result: dict[str, Any]) -> str:
     for r in result["runs"]:
         if not r["ok"]:
             lines.append(f"FAILED {r['arm']} r{r['repeat']} ({r['run_dir']}): {r['error']}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
     verdict = result["verdict"]
     why = f": {'; '.join(result['reasons'])}" if result["reasons"] else ""
     lines.append(f"verdict: {verdict}{why}")
