@@ -1,9 +1,14 @@
 """tilesplat: differentiable 3D Gaussian Splatting with gsplat 1.5's public API.
 
-``import tilesplat as gsplat`` works for the rasterization API. Importing compiles nothing:
-backends load on first use.
+``import tilesplat as gsplat`` gives every top-level name of gsplat 1.5.3 and its submodules
+``strategy``, ``optimizers``, ``compression``, ``exporter`` and ``distributed``, with gsplat's
+signatures. A name either works (every backend; the torch reference serves ops that have no
+native kernel, with the registry's one warning) or raises ``NotImplementedError`` when called,
+saying what is missing (2DGS, 3DGUT, the Inria wrappers, PNG compression, the collectives).
+Importing compiles nothing: backends load on first use.
 """
 
+from . import compression, distributed, exporter, optimizers, strategy
 from .backends.registry import (
     available as available_backends,
 )
@@ -14,6 +19,8 @@ from .backends.registry import (
     set_backward_scheme,
     use_backend,
 )
+from .compression import PngCompression
+from .exporter import export_splats
 from .ops import (
     fully_fused_projection,
     isect_offset_encode,
@@ -23,24 +30,78 @@ from .ops import (
     set_check_finite,
     spherical_harmonics,
 )
+from .ops.camera import RollingShutterType, proj, world_to_cam
+from .ops.indices import accumulate, rasterize_to_indices_in_range
+from .ops.unsupported import (
+    accumulate_2dgs,
+    fully_fused_projection_2dgs,
+    fully_fused_projection_with_ut,
+    rasterize_to_indices_in_range_2dgs,
+    rasterize_to_pixels_2dgs,
+    rasterize_to_pixels_eval3d,
+)
+from .optimizers import SelectiveAdam
 from .rendering import rasterization
+from .strategy import DefaultStrategy, MCMCStrategy, Strategy
+from .variants import (
+    rasterization_2dgs,
+    rasterization_2dgs_inria_wrapper,
+    rasterization_inria_wrapper,
+)
 
 __version__ = "0.1.0"
 
+# gsplat 1.5.3's public top-level names (its ``gsplat.all`` and SelectiveAdam)
+GSPLAT_NAMES = (
+    "PngCompression", "DefaultStrategy", "MCMCStrategy", "Strategy", "rasterization",
+    "rasterization_2dgs", "rasterization_inria_wrapper", "spherical_harmonics",
+    "isect_offset_encode", "isect_tiles", "proj", "fully_fused_projection",
+    "quat_scale_to_covar_preci", "rasterize_to_pixels", "world_to_cam", "accumulate",
+    "rasterize_to_indices_in_range", "fully_fused_projection_2dgs", "rasterize_to_pixels_2dgs",
+    "rasterize_to_indices_in_range_2dgs", "accumulate_2dgs", "rasterization_2dgs_inria_wrapper",
+    "RollingShutterType", "fully_fused_projection_with_ut", "rasterize_to_pixels_eval3d",
+    "export_splats", "SelectiveAdam", "__version__",
+)  # fmt: skip
+
 __all__ = [
     "__version__",
+    "accumulate",
+    "accumulate_2dgs",
     "available_backends",
+    "compression",
     "current_backend",
     "current_backward_scheme",
+    "DefaultStrategy",
+    "distributed",
+    "export_splats",
+    "exporter",
     "fully_fused_projection",
+    "fully_fused_projection_2dgs",
+    "fully_fused_projection_with_ut",
     "isect_offset_encode",
     "isect_tiles",
+    "MCMCStrategy",
+    "optimizers",
+    "PngCompression",
+    "proj",
     "quat_scale_to_covar_preci",
     "rasterization",
+    "rasterization_2dgs",
+    "rasterization_2dgs_inria_wrapper",
+    "rasterization_inria_wrapper",
+    "rasterize_to_indices_in_range",
+    "rasterize_to_indices_in_range_2dgs",
     "rasterize_to_pixels",
+    "rasterize_to_pixels_2dgs",
+    "rasterize_to_pixels_eval3d",
+    "RollingShutterType",
+    "SelectiveAdam",
     "set_backend",
     "set_backward_scheme",
     "set_check_finite",
     "spherical_harmonics",
+    "Strategy",
+    "strategy",
     "use_backend",
+    "world_to_cam",
 ]

@@ -20,6 +20,7 @@ from .ops import (
     rasterize_to_pixels,
     spherical_harmonics,
 )
+from .ops.camera import RollingShutterType
 from .ops.validation import (
     Shapes,
     check_bool,
@@ -84,7 +85,7 @@ def rasterization(
     tangential_coeffs: Tensor | None = None,
     thin_prism_coeffs: Tensor | None = None,
     ftheta_coeffs: object | None = None,
-    rolling_shutter: object | None = None,
+    rolling_shutter: RollingShutterType = RollingShutterType.GLOBAL,
     viewmats_rs: Tensor | None = None,
     *,
     backward_scheme: str | None = None,

@@ -2,7 +2,7 @@
 float32 and float64, any device. It defines what every other backend computes."""
 
 from ..registry import DiffOp, register
-from . import covariance, intersect, projection, rasterize, sh
+from . import camera, covariance, indices, intersect, projection, rasterize, sh
 
 register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covariance.backward))
 register("fully_fused_projection", "torch", DiffOp(projection.forward, projection.backward))
@@ -10,3 +10,7 @@ register("spherical_harmonics", "torch", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "torch", intersect.isect_tiles)
 register("isect_offset_encode", "torch", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "torch", DiffOp(rasterize.forward, rasterize.backward))
+register("world_to_cam", "torch", camera.world_to_cam)
+register("proj", "torch", camera.proj)
+register("rasterize_to_indices_in_range", "torch", indices.rasterize_to_indices_in_range)
+register("accumulate", "torch", indices.accumulate)

@@ -1,0 +1,146 @@
+"""Public camera ops and types of gsplat 1.5.3: ``world_to_cam``, ``proj``,
+``RollingShutterType`` and the parameter types of the camera models tilesplat lacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from torch import Tensor
+
+from ..backends.registry import resolve
+from ..constants import CAMERA_MODELS
+from .validation import (
+    Shapes,
+    check_choice,
+    check_finite,
+    check_positive_int,
+    check_tensor,
+    common_float,
+)
+
+
+def _no_cpp(what: str) -> Any:
+    raise NotImplementedError(f"{what}.to_cpp(): tilesplat has no C++ extension")
+
+
+class RollingShutterType(Enum):
+    """Shutter of a camera (gsplat's names and values); tilesplat renders ``GLOBAL`` only."""
+
+    ROLLING_TOP_TO_BOTTOM = 0
+    ROLLING_LEFT_TO_RIGHT = 1
+    ROLLING_BOTTOM_TO_TOP = 2
+    ROLLING_RIGHT_TO_LEFT = 3
+    GLOBAL = 4
+
+    def to_cpp(self) -> Any:
+        return _no_cpp("RollingShutterType")
+
+
+@dataclass
+class UnscentedTransformParameters:
+    """Sigma-point parameters of gsplat's 3DGUT projection (accepted, not used: no 3DGUT)."""
+
+    alpha: float = 0.1
+    beta: float = 2.0
+    kappa: float = 0.0
+    in_image_margin_factor: float = 0.1
+    require_all_sigma_points_valid: bool = True
+
+    def to_cpp(self) -> Any:
+        return _no_cpp("UnscentedTransformParameters")
+
+
+class FThetaPolynomialType(Enum):
+    PIXELDIST_TO_ANGLE = 0
+    ANGLE_TO_PIXELDIST = 1
+
+
+@dataclass
+class FThetaCameraDistortionParameters:
+    """F-theta camera parameters of gsplat (the type exists; the camera model does not)."""
+
+    reference_poly: FThetaPolynomialType
+    pixeldist_to_angle_poly: tuple[float, float, float, float, float, float]
+    angle_to_pixeldist_poly: tuple[float, float, float, float, float, float]
+    max_angle: float
+    linear_cde: tuple[float, float, float]
+
+
+def world_to_cam(
+    means: Tensor,  # [..., N, 3]
+    covars: Tensor,  # [..., N, 3, 3]
+    viewmats: Tensor,  # [..., C, 4, 4]
+    *,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Gaussians from world to camera coordinates (gsplat's ``world_to_cam``).
+
+    Args:
+        means: centres in world space. [..., N, 3]
+        covars: covariances in world space. [..., N, 3, 3]
+        viewmats: world-to-camera matrices. [..., C, 4, 4]
+        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
+
+    Returns:
+        means_c [..., C, N, 3] and covars_c [..., C, N, 3, 3] = R Σ Rᵀ.
+    """
+    named = {"means": means, "covars": covars, "viewmats": viewmats}
+    for name, t in named.items():
+        check_tensor(name, t)
+    s = Shapes()
+    s.check("means", means, "..., N, 3")
+    s.check("covars", covars, "..., N, 3, 3")
+    s.check("viewmats", viewmats, "..., C, 4, 4")
+    _, device = common_float(named)
+    check_finite(named)
+    batch, N, C = means.shape[:-2], s["N"], s["C"]
+    _, impl = resolve("world_to_cam", device, backend)
+    means_c, covars_c = impl(means.reshape(-1, N, 3), covars.reshape(-1, N, 3, 3),
+                             viewmats.reshape(-1, C, 4, 4))
+    return means_c.reshape(*batch, C, N, 3), covars_c.reshape(*batch, C, N, 3, 3)
+
+
+def proj(
+    means: Tensor,  # [..., C, N, 3]
+    covars: Tensor,  # [..., C, N, 3, 3]
+    Ks: Tensor,  # [..., C, 3, 3]
+    width: int,
+    height: int,
+    camera_model: str = "pinhole",
+    *,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Projection of camera-space Gaussians to the image (gsplat's ``proj``), no ``eps2d``.
+
+    Args:
+        means: centres in camera space. [..., C, N, 3]
+        covars: covariances in camera space. [..., C, N, 3, 3]
+        Ks: intrinsics. [..., C, 3, 3]
+        width, height: image size in pixels (the pinhole Jacobian clamps to the widened view).
+        camera_model: ``pinhole``, ``ortho`` or ``fisheye`` (``ftheta`` needs 3DGUT: missing).
+        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
+
+    Returns:
+        means2d [..., C, N, 2] and covars2d [..., C, N, 2, 2] = J Σ Jᵀ.
+    """
+    if camera_model == "ftheta":
+        raise NotImplementedError("proj(camera_model='ftheta') needs 3DGUT, which tilesplat lacks")
+    check_choice("camera_model", camera_model, CAMERA_MODELS)
+    width = check_positive_int("width", width)
+    height = check_positive_int("height", height)
+    named = {"means": means, "covars": covars, "Ks": Ks}
+    for name, t in named.items():
+        check_tensor(name, t)
+    s = Shapes()
+    s.check("means", means, "..., C, N, 3")
+    s.check("covars", covars, "..., C, N, 3, 3")
+    s.check("Ks", Ks, "..., C, 3, 3")
+    _, device = common_float(named)
+    check_finite(named)
+    batch, C, N = means.shape[:-3], s["C"], s["N"]
+    _, impl = resolve("proj", device, backend)
+    means2d, covars2d = impl(means.reshape(-1, C, N, 3), covars.reshape(-1, C, N, 3, 3),
+                             Ks.reshape(-1, C, 3, 3), width, height, camera_model)
+    return means2d.reshape(*batch, C, N, 2), covars2d.reshape(*batch, C, N, 2, 2)

@@ -1,0 +1,91 @@
+"""Rasterization variants of gsplat 1.5.3 that tilesplat does not implement yet: importable
+under gsplat's names and signatures, raising ``NotImplementedError`` when called."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from torch import Tensor
+
+from .ops.unsupported import TWO_DGS
+
+INRIA = (
+    "gsplat's Inria wrappers call the 'diff_gaussian_rasterization' CUDA package of the "
+    "original 3DGS code; tilesplat does not wrap it (use tilesplat.rasterization)"
+)
+
+
+def _missing(name: str, why: str) -> NoReturn:
+    raise NotImplementedError(f"tilesplat.{name}(): {why}")
+
+
+def rasterization_2dgs(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [(C,) N, D] or [(C,) N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+    sh_degree: int | None = None,
+    packed: bool = False,
+    tile_size: int = 16,
+    backgrounds: Tensor | None = None,
+    render_mode: str = "RGB",
+    sparse_grad: bool = False,
+    absgrad: bool = False,
+    distloss: bool = False,
+    depth_mode: str = "expected",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, dict]:
+    """gsplat's 2DGS rasterization. Not implemented: raises NotImplementedError."""
+    _missing("rasterization_2dgs", TWO_DGS)
+
+
+def rasterization_inria_wrapper(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [N, D] or [N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 100.0,
+    eps2d: float = 0.3,
+    sh_degree: int | None = None,
+    backgrounds: Tensor | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor, dict]:
+    """gsplat's wrapper of the Inria rasterizer. Not provided: raises NotImplementedError."""
+    _missing("rasterization_inria_wrapper", INRIA)
+
+
+def rasterization_2dgs_inria_wrapper(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [N, D] or [N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 100.0,
+    eps2d: float = 0.3,
+    sh_degree: int | None = None,
+    backgrounds: Tensor | None = None,
+    depth_ratio: int = 0,
+    **kwargs,
+) -> tuple[tuple, dict]:
+    """gsplat's wrapper of the 2DGS Inria rasterizer. Not provided: raises
+    NotImplementedError."""
+    _missing("rasterization_2dgs_inria_wrapper", INRIA)
