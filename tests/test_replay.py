@@ -120,3 +120,26 @@ def test_bad_runs_are_one_line_errors(run_dir, tmp_path, capsys):
     (tmp_path / "code.pt").write_bytes(b"\x80\x02cos\nsystem\n.")  # a pickle that imports
     assert main(["bench", "--scene", f"run:{tmp_path / 'code.pt'}"]) == 2
     assert "not a readable checkpoint" in capsys.readouterr().err
+
+
+def test_run_parity_follows_the_policy_across_devices():
+    from tilesplat.bench.replay import compare_passes
+
+    g = torch.Generator().manual_seed(0)
+    a = {"outputs": {"isect_offsets": torch.arange(6).reshape(1, 2, 3),
+                     "flatten_ids": torch.arange(5)},
+         "grads": {"v_means": torch.randn(700, 3, generator=g)}}
+    b = {"outputs": {"isect_offsets": a["outputs"]["isect_offsets"].clone(),
+                     "flatten_ids": torch.tensor([1, 0, 2, 3, 4])},
+         "grads": {"v_means": a["grads"]["v_means"].clone()}}
+    b["grads"]["v_means"][0, 0] += 1.0  # one flipped element
+
+    def failed(rows):
+        return [r["name"] for r in rows if not r["passed"]]
+
+    assert failed(compare_passes(a, b, 1e-4, 1e-4)) == ["v_means"]  # one device type: none
+    rows = compare_passes(a, b, 1e-4, 1e-4, cross_device=True)  # cpu vs cuda: a few allowed
+    assert failed(rows) == [] and rows[-1]["verdict"].startswith("PASS 1/2,100 failing")
+    assert "2 of 5 positions differ" in rows[1]["verdict"]  # the order: reported only
+    b["outputs"]["isect_offsets"][0, 0, 1] += 1
+    assert failed(compare_passes(a, b, 1e-4, 1e-4, cross_device=True)) == ["isect_offsets"]
