@@ -12,8 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: this machine's CPU build; a bare "torch" would pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	# [cuda] brings numba-cuda and its NVVM: CI compiles every GPU kernel to PTX and runs
-	# them in the simulator (no GPU needed).
-	$(BIN)/pip install --quiet -e ".[dev,cuda]"
+	# them in the simulator (no GPU needed). [viewer] brings viser for the browser tests.
+	$(BIN)/pip install --quiet -e ".[dev,cuda,viewer]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .scene import Gaussians, gaussians_from_params, splat_buffers
+from .scene import Gaussians, default_pose, gaussians_from_params, splat_buffers
 from .server import access_lines, start_server
 
 PUSH_S = 2.0  # seconds between model pushes while a browser is connected
@@ -33,7 +33,8 @@ class LiveViewer:
         port: where to listen (0: a free port, see :attr:`port`).
         host: the interface (127.0.0.1 by default: reach it through ``ssh -L``).
         log: where the URL lines go.
-        push_s: seconds between model pushes while a browser is connected.
+        push_s: seconds between model pushes while a browser is connected (default
+            ``PUSH_S``).
     """
 
     def __init__(
@@ -41,9 +42,9 @@ class LiveViewer:
         port: int,
         host: str = "127.0.0.1",
         log: Callable[[str], None] = print,
-        push_s: float = PUSH_S,
+        push_s: float | None = None,
     ) -> None:
-        self.push_s = push_s
+        self.push_s = PUSH_S if push_s is None else push_s
         self.server = start_server(host, port, label="tilesplat train")
         self.port = int(self.server.get_port())
         self.server.scene.set_up_direction("-y")
@@ -51,6 +52,7 @@ class LiveViewer:
         self.paused = threading.Event()
         self.pushes = 0  # models sent to browsers
         self.pushed_step = -1
+        self.step = -1  # the newest step seen while a browser was connected or paused
         self._stop = threading.Event()
         self._mail: tuple[int, Gaussians] | None = None
         self._mail_ready = threading.Event()
@@ -98,6 +100,7 @@ class LiveViewer:
         browser is connected or the view is paused."""
         if not self.has_clients and not self.paused.is_set():
             return
+        self.step = step
         now = time.perf_counter()
         if now - self._last_panel >= PANEL_S or self.paused.is_set():
             self._last_panel = now
@@ -127,10 +130,20 @@ class LiveViewer:
                 self._splats = self.server.scene.add_gaussian_splats(
                     "/model", b.centers, b.covariances, b.rgbs, b.opacities
                 )
+                self._aim_cameras(g)
             else:
                 self._splats.set_gaussians(b.centers, b.covariances, b.rgbs, b.opacities)
             self.pushed_step = step
             self.pushes += 1
+
+    def _aim_cameras(self, g: Gaussians) -> None:
+        """Point the browsers (and Reset View) at the first model pushed."""
+        _, position, look = default_pose(g)
+        self.server.initial_camera.position = tuple(position)
+        self.server.initial_camera.look_at = tuple(look)
+        for client in self.server.get_clients().values():
+            client.camera.position = tuple(position)
+            client.camera.look_at = tuple(look)
 
     def close(self) -> None:
         """Stop the sending thread and the server."""

@@ -110,7 +110,7 @@ def look_at_pose(eye: Sequence[float], target: Sequence[float], up: Sequence[flo
     eye_v, target_v = np.asarray(eye, np.float64), np.asarray(target, np.float64)
     fwd = target_v - eye_v
     fwd /= np.linalg.norm(fwd)
-    right = np.cross(fwd, -np.asarray(up, np.float64))
+    right = np.cross(fwd, np.asarray(up, np.float64))
     right /= np.linalg.norm(right)
     down = np.cross(fwd, right)
     rot = np.stack([right, down, fwd], axis=1)  # columns: camera axes in the world

@@ -211,12 +211,21 @@ class ViewServer:
                 view.wake.clear()
                 continue
             try:
-                self._draw(view, full)
+                drawn = self._draw(view, full)
             except Exception as exc:  # a closed browser, a backend that cannot run here
+                drawn = True
                 if view.client.client_id in self._views:
                     self.stats.content = f"render failed: {type(exc).__name__}: {exc}"
                     time.sleep(0.5)
+            if not drawn:  # the browser has not reported its camera yet
+                time.sleep(0.05)
+                continue
             view.drawn_version, view.drawn_full = version, full
+
+    def settled(self) -> bool:
+        """Render mode: every connected browser has its newest camera drawn at full quality."""
+        with self._lock:
+            return all(v.drawn_version == v.version and v.drawn_full for v in self._views.values())
 
     def camera_image_size(self, client: Any) -> tuple[int, int]:
         """(width, height) to render for a browser: its canvas shape, longer side capped."""
@@ -225,13 +234,14 @@ class ViewServer:
         scale = min(1.0, int(self.max_side.value) / max(w, h))
         return max(1, round(w * scale)), max(1, round(h * scale))
 
-    def _draw(self, view: _ClientView, full: bool) -> None:
+    def _draw(self, view: _ClientView, full: bool) -> bool:
+        """Render the browser's camera and send it; False when it has no camera yet."""
         cam = view.client.camera
         try:
             wxyz, position, fov = cam.wxyz, cam.position, cam.fov
             width, height = self.camera_image_size(view.client)
-        except AssertionError:  # no camera message from this browser yet
-            return
+        except AssertionError:  # viser: no camera message from this browser yet
+            return False
         if not full:
             width = max(1, round(width * MOVING_SCALE))
             height = max(1, round(height * MOVING_SCALE))
@@ -258,6 +268,7 @@ class ViewServer:
             f"{width}x{height}{'' if full else ' (moving)'}: {ms:.0f} ms, "
             f"{1000.0 / max(ms, 1e-3):.1f} FPS"
         )
+        return True
 
     # --- both modes ----------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""``tilesplat view``: look at a run, a checkpoint or a splat file in the browser."""
+
+from __future__ import annotations
+
+import argparse
+
+COMMAND = "view"
+HELP = "view a run, checkpoint, .ply, .splat or .spz in the browser (pip install tilesplat[viewer])"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        metavar="RUN_OR_FILE",
+        help="run folder, checkpoint (.pt) or splat file (.ply, .splat, .spz)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (default 127.0.0.1; reach it from elsewhere with ssh -L)",
+    )
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free)")
+    parser.add_argument(
+        "--mode",
+        choices=("splats", "render"),
+        default="splats",
+        help="splats: the browser draws the splats (base colour); render: tilesplat renders "
+        "each browser camera on this machine (exact, view-dependent colour)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "torch", "cpu", "cuda"),
+        default="auto",
+        help="render mode's rasterization backend (default auto)",
+    )
+    parser.add_argument(
+        "--max-side",
+        type=int,
+        default=640,
+        metavar="PX",
+        help="render mode: longer side of a still frame in pixels (default 640)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..viewer.server import ViewServer, require_viser
+    from ._model import open_model
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_side < 16:
+        raise ValueError(f"--max-side must be at least 16, got {args.max_side}")
+    require_viser()  # before loading a large model
+    model = open_model(args.source)
+    print(f"loaded {model.source}")
+    server = ViewServer(
+        model.gaussians,
+        mode=args.mode,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        max_side=args.max_side,
+        antialiased=model.antialiased,
+    )
+    print("Ctrl-C stops the viewer")
+    server.serve_forever()
+    return 0
