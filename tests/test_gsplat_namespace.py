@@ -164,8 +164,6 @@ def test_missing_features_raise_when_called(name):
 def test_stubbed_submodules_raise_naming_what_is_missing(tmp_path):
     with pytest.raises(NotImplementedError, match="plas"):
         tilesplat.PngCompression().compress(str(tmp_path), {})
-    with pytest.raises(NotImplementedError, match="issue 10"):
-        tilesplat.distributed.all_gather_int32(2, 1)
     with pytest.raises(NotImplementedError, match="ftheta"):
         tilesplat.proj(None, None, None, 4, 4, camera_model="ftheta")
 
@@ -181,3 +179,5 @@ def test_rasterization_rejects_3dgut_and_rolling_shutter_clearly():
         tilesplat.rasterization(
             *args, rolling_shutter=tilesplat.RollingShutterType.ROLLING_TOP_TO_BOTTOM
         )
+    with pytest.raises(ValueError, match="camera_model"):
+        tilesplat.rasterization(*args, camera_model="ftheta")
