@@ -1,46 +1,165 @@
-"""Collectives of gsplat 1.5.3 (``gsplat.distributed``) under its names and signatures.
+"""Collectives of gsplat 1.5.3 (``gsplat.distributed``) under its names and signatures, on
+any ``torch.distributed`` backend: gloo on CPUs, NCCL on GPUs.
 
-Not implemented yet: the collectives for ``rasterization(distributed=True)`` (model-parallel
-Gaussians over ``torch.distributed``, ``all_to_all_single`` with split sizes, since gloo
-rejects uneven ``all_to_all`` / ``all_gather``) are issue 10's work. Each name raises
-``NotImplementedError`` when called.
+Every exchange is one ``all_to_all_single`` with split sizes. gloo rejects ``all_to_all``
+and ``all_gather`` whose pieces differ in size ("invalid tensor size"), while
+``all_to_all_single`` takes uneven and zero splits on both backends, and its autograd form
+(``torch.distributed.nn.functional.all_to_all_single``) routes gradients back. So:
+
+- a gather of ``n_r`` rows from each rank ``r`` is an all-to-all in which every rank sends
+  its rows to every rank (input split sizes ``[n_self] * world_size``, output split sizes
+  the gathered ``n_r``); its backward sums each rank's gradient of the copies, as a
+  gather's must;
+- unlike gsplat's, :func:`all_gather_tensor_list` accepts a different row count per rank
+  (gsplat's requires equal ones).
+
+Integers travel as int32 (gsplat's ``all_gather_int32`` / ``all_to_all_int32``), on the
+device of the process group's backend (``device`` for Python ints).
 """
 
 from __future__ import annotations
 
+import datetime
+import math
+import os
+import time
+import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-ISSUE_10 = (
-    "tilesplat's collectives for distributed rendering are not implemented yet (issue 10: "
-    "all_to_all_single with split sizes over torch.distributed)"
-)
+
+def _check_world(world_size: int) -> None:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if world_size == 1:
+        return
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            f"world_size={world_size} needs an initialised torch.distributed process group "
+            "(torch.distributed.init_process_group, or run under torchrun)"
+        )
+    if dist.get_world_size() != world_size:
+        raise ValueError(
+            f"world_size={world_size} but the process group has {dist.get_world_size()} ranks"
+        )
 
 
-def _missing(name: str) -> NoReturn:
-    raise NotImplementedError(f"tilesplat.distributed.{name}(): {ISSUE_10}")
+def _exchange(data: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
+    """``all_to_all_single`` of the rows of ``data`` [n, F]: rows ``in_splits[r]`` go to rank
+    r; returns [sum(out_splits), F]. Differentiable when ``data`` requires a gradient."""
+    out = data.new_empty((sum(out_splits), *data.shape[1:]))
+    if data.requires_grad:
+        from torch.distributed.nn.functional import all_to_all_single
+
+        return all_to_all_single(out, data.contiguous(), out_splits, in_splits)
+    dist.all_to_all_single(out, data.contiguous(), out_splits, in_splits)
+    return out
+
+
+def _int_tensor(value: int | Tensor, device: torch.device | None, what: str) -> Tensor:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{what} must hold one integer, got a tensor of shape "
+                             f"{tuple(value.shape)}")
+        return value.reshape(1).to(torch.int32)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int or a one-element tensor, got {value!r}")
+    if device is None:
+        raise ValueError(f"device is required when {what} is a Python int")
+    return torch.tensor([value], dtype=torch.int32, device=device)
 
 
 def all_gather_int32(
     world_size: int, value: int | Tensor, device: torch.device | None = None
 ) -> list[int]:
-    """One int from every rank. Not implemented: raises NotImplementedError."""
-    _missing("all_gather_int32")
+    """One 32-bit integer from every rank: the i-th element is rank i's ``value``.
+
+    ``value`` is an int (then ``device`` is required and ints come back) or a one-element
+    tensor (then one-element tensors come back). Not differentiable.
+    """
+    _check_world(world_size)
+    if world_size == 1:
+        return [value]
+    t = _int_tensor(value, device, "value")
+    got = _exchange(t.repeat(world_size), [1] * world_size, [1] * world_size)
+    return got.tolist() if isinstance(value, int) else list(got.unbind())
 
 
 def all_to_all_int32(
     world_size: int, values: list[int | Tensor], device: torch.device | None = None
 ) -> list[int]:
-    """Ints exchanged rank to rank. Not implemented: raises NotImplementedError."""
-    _missing("all_to_all_int32")
+    """32-bit integers exchanged rank to rank: ``values[r]`` goes to rank r, and element r of
+    the result came from rank r. Ints in, ints out; one-element tensors in, tensors out."""
+    _check_world(world_size)
+    if world_size == 1:
+        return values
+    if len(values) != world_size:
+        raise ValueError(f"values must have world_size={world_size} entries, got "
+                         f"{len(values)}")
+    dev = device
+    for v in values:
+        if isinstance(v, Tensor):
+            dev = v.device
+    t = torch.cat([_int_tensor(v, dev, "values[i]") for v in values])
+    got = _exchange(t, [1] * world_size, [1] * world_size)
+    return [int(g) if not isinstance(v, Tensor) else g.reshape(v.shape)
+            for g, v in zip(got, values, strict=True)]
+
+
+def _groups(tensor_list: list[Tensor], name: str) -> tuple[dict, int]:
+    """Tensors [(N, *), ...] side by side as one [N, F] tensor per dtype (so int32 radii
+    travel exactly beside float means); ({dtype: (data, indices, widths)}, N)."""
+    if not tensor_list:
+        raise ValueError(f"{name} must hold at least one tensor")
+    first = tensor_list[0]
+    for i, t in enumerate(tensor_list):
+        if not isinstance(t, Tensor) or t.dim() == 0 or t.shape[0] != first.shape[0]:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}[{i}] must be a tensor with the rows of {name}[0] "
+                             f"({tuple(first.shape)}), got {got}")
+        if t.device != first.device:
+            raise ValueError(f"{name}: every tensor must be on {name}[0]'s device "
+                             f"({first.device}), {name}[{i}] is on {t.device}")
+    n = first.shape[0]
+    members: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensor_list):
+        members.setdefault(t.dtype, []).append(i)
+    groups = {}
+    for dtype, idx in members.items():
+        widths = [math.prod(tensor_list[i].shape[1:]) for i in idx]
+        data = torch.cat([tensor_list[i].reshape(n, w) for i, w in zip(idx, widths,
+                                                                        strict=True)], dim=-1)
+        groups[dtype] = (data, idx, widths)
+    return groups, n
+
+
+def _exchange_list(tensor_list: list[Tensor], groups: dict, out_splits: list[int],
+                   in_splits: list[int], repeat: int = 1) -> list[Tensor]:
+    """Each dtype group through :func:`_exchange` (rows repeated ``repeat`` times for a
+    gather), split back into the shapes of ``tensor_list``."""
+    out: list[Tensor | None] = [None] * len(tensor_list)
+    for data, idx, widths in groups.values():
+        src = data.repeat(repeat, 1) if repeat > 1 else data
+        got = _exchange(src, out_splits, in_splits)
+        for i, part in zip(idx, torch.split(got, widths, dim=-1), strict=True):
+            out[i] = part.reshape(-1, *tensor_list[i].shape[1:])
+    return out  # type: ignore[return-value]
 
 
 def all_gather_tensor_list(world_size: int, tensor_list: list[Tensor]) -> list[Tensor]:
-    """Tensors gathered from every rank. Not implemented: raises NotImplementedError."""
-    _missing("all_gather_tensor_list")
+    """Tensors [(N_r, *), ...] gathered from every rank: [(sum N_r, *), ...], rank 0's rows
+    first. Differentiable. The trailing shapes must agree across ranks; the row counts may
+    differ (gsplat requires them equal)."""
+    _check_world(world_size)
+    if world_size == 1:
+        return tensor_list
+    groups, n = _groups(tensor_list, "tensor_list")
+    counts = all_gather_int32(world_size, n, device=tensor_list[0].device)
+    return _exchange_list(tensor_list, groups, counts, [n] * world_size, repeat=world_size)
 
 
 def all_to_all_tensor_list(
@@ -49,12 +168,114 @@ def all_to_all_tensor_list(
     splits: list[int | Tensor],
     output_splits: list[int | Tensor] | None = None,
 ) -> list[Tensor]:
-    """Rows of tensors exchanged by split sizes. Not implemented: raises
-    NotImplementedError."""
-    _missing("all_to_all_tensor_list")
+    """Rows of tensors [(N, *), ...] exchanged by split sizes: the first ``splits[0]`` rows
+    go to rank 0, the next ``splits[1]`` to rank 1, ...; the result holds the rows every
+    rank sent here, rank 0's first. ``output_splits`` (what each rank sends here) is
+    exchanged when not given. Differentiable; uneven and zero splits are fine."""
+    _check_world(world_size)
+    if world_size == 1:
+        return tensor_list
+    groups, n = _groups(tensor_list, "tensor_list")
+    if len(splits) != world_size:
+        raise ValueError(f"splits must have world_size={world_size} entries, got {len(splits)}")
+    send = [int(s) for s in splits]
+    if any(s < 0 for s in send) or sum(send) != n:
+        raise ValueError(f"splits must be >= 0 and sum to the {n} rows, got {send}")
+    if output_splits is None:
+        recv = all_to_all_int32(world_size, send, device=tensor_list[0].device)
+    else:
+        if len(output_splits) != world_size:
+            raise ValueError(f"output_splits must have world_size={world_size} entries, "
+                             f"got {len(output_splits)}")
+        recv = [int(s) for s in output_splits]
+    return _exchange_list(tensor_list, groups, recv, send)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _worker(local_rank: int, world_size: int, fn: Callable, args: Any, backend: str,
+            verbose: bool, errors: Any) -> None:
+    if verbose:
+        print(f"distributed worker {local_rank + 1} / {world_size}", flush=True)
+    if world_size > 1:
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend, rank=local_rank, world_size=world_size,
+                                timeout=datetime.timedelta(minutes=10))
+    try:
+        fn(local_rank, local_rank, world_size, args)
+        if world_size > 1:
+            dist.barrier()
+    except BaseException as exc:
+        # when it happened: a rank's failure makes the others fail too (their peer is
+        # gone), and the launcher reports the first failure, the cause
+        errors.put((time.time(), local_rank, f"{type(exc).__name__}: {exc}",
+                    traceback.format_exc()))
+        raise
+    finally:
+        if world_size > 1:
+            dist.destroy_process_group()
 
 
 def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
-    """gsplat's launcher of ``fn`` on every local GPU. Not implemented: raises
-    NotImplementedError."""
-    _missing("cli")
+    """Runs ``fn(local_rank, world_rank, world_size, args)`` on every local rank, as gsplat's
+    ``cli``: one process per visible GPU with NCCL, or (tilesplat's addition, no GPU) as many
+    processes as ``TILESPLAT_NPROC`` asks (default 1) with gloo, on 127.0.0.1. Under
+    ``torchrun`` (``WORLD_SIZE`` and ``RANK`` set) it runs this process's rank of the job.
+    A rank that raises ends the job: the other ranks are terminated and the first error
+    raised, naming its rank, is raised here as a RuntimeError."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:  # torchrun / several machines
+        world_size = int(os.environ["WORLD_SIZE"])
+        world_rank = int(os.environ["RANK"])
+        local_rank = int(os.environ.get("LOCAL_RANK", world_rank))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if world_size > 1:
+            if backend == "nccl":
+                torch.cuda.set_device(local_rank)
+            dist.init_process_group(backend)
+        try:
+            fn(local_rank, world_rank, world_size, args)
+        finally:
+            if world_size > 1:
+                dist.destroy_process_group()
+        return True
+    if torch.cuda.is_available():
+        world_size, backend = torch.cuda.device_count(), "nccl"
+    else:
+        raw = os.environ.get("TILESPLAT_NPROC", "1")
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"TILESPLAT_NPROC must be an integer >= 1, got {raw!r}")
+        world_size, backend = int(raw), "gloo"
+    errors = torch.multiprocessing.get_context("spawn").SimpleQueue()
+    if world_size == 1:
+        _worker(0, 1, fn, args, backend, verbose, errors)
+        return True
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    context = torch.multiprocessing.spawn(
+        _worker, args=(world_size, fn, args, backend, verbose, errors), nprocs=world_size,
+        join=False,
+    )
+    try:
+        while not context.join():  # raises on the first rank that fails, ending the others
+            pass
+    except Exception as exc:
+        reports = []
+        while not errors.empty():
+            reports.append(errors.get())
+        if not reports:
+            raise
+        _, rank, message, trace = min(reports)
+        raise RuntimeError(f"rank {rank} of {world_size} failed: {message}\n{trace}") from exc
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+    return True

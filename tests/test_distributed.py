@@ -1,0 +1,148 @@
+"""tilesplat.distributed on 2 CPU processes with gloo, on 127.0.0.1: gsplat's collectives
+with uneven and zero splits, forward and backward, and a rank that raises ending the job.
+
+Each test spawns 2 ranks (``torch.multiprocessing``) that check their own results and raise
+on a mismatch; the parent waits a bounded time and ends every rank by its PID.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import tilesplat.distributed as tdist
+
+WORLD = 2
+TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+
+
+def _spawn(target, *args) -> None:
+    """Runs target(rank, port, *args) on WORLD ranks; raises the first rank's error; never
+    waits more than TIMEOUT_S; every rank is ended by its PID."""
+    port = _free_port()
+    ctx = torch.multiprocessing.spawn(target, args=(port, *args), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks still running after {TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, 9)
+            p.join(5)
+
+
+def _ints(rank: int) -> None:
+    assert tdist.all_gather_int32(WORLD, 10 + rank, device=torch.device("cpu")) == [10, 11]
+    got = tdist.all_gather_int32(WORLD, torch.tensor(7 * rank))
+    assert [int(g) for g in got] == [0, 7] and all(isinstance(g, torch.Tensor) for g in got)
+    # rank r sends 100 * r + dst to rank dst
+    got = tdist.all_to_all_int32(WORLD, [100 * rank, 100 * rank + 1],
+                                 device=torch.device("cpu"))
+    assert got == [rank, 100 + rank], got
+
+
+def _rows(rank: int, n: int, width: int) -> torch.Tensor:
+    base = torch.arange(n * width, dtype=torch.float64).reshape(n, width)
+    return base + 1000.0 * rank
+
+
+def _gather(rank: int) -> None:
+    """Uneven rows: rank 0 has 3, rank 1 has 0 (then 1); gradients come back to each rank."""
+    for counts in ((3, 0), (3, 1)):
+        a = _rows(rank, counts[rank], 2).requires_grad_(True)
+        b = (_rows(rank, counts[rank], 6) * -1).reshape(counts[rank], 2, 3)
+        b.requires_grad_(True)
+        ga, gb = tdist.all_gather_tensor_list(WORLD, [a, b])
+        want_a = torch.cat([_rows(r, counts[r], 2) for r in range(WORLD)])
+        want_b = torch.cat([-_rows(r, counts[r], 6) for r in range(WORLD)]).reshape(-1, 2, 3)
+        assert torch.equal(ga, want_a) and torch.equal(gb, want_b)
+        # every rank weighs the gathered rows by (1 + its rank): a's gradient on each
+        # rank is the sum over ranks, 1 + 2 = 3
+        ((ga.sum() + gb.sum()) * (1 + rank)).backward()
+        assert torch.equal(a.grad, torch.full_like(a, 3.0))
+        assert torch.equal(b.grad, torch.full_like(b, 3.0))
+
+
+def _all_to_all(rank: int, given: bool) -> None:
+    """Rank 0 sends 2 rows to itself and 0 to rank 1; rank 1 sends 1 to rank 0, 3 to itself;
+    float rows and int64 ids travel together (one exchange per dtype, exact)."""
+    splits = [[2, 0], [1, 3]][rank]
+    n = sum(splits)
+    x = _rows(rank, n, 3).requires_grad_(True)
+    ids = torch.arange(n, dtype=torch.int64) + 10 * rank
+    out_splits = [[2, 1], [0, 3]][rank] if given else None
+    gx, gids = tdist.all_to_all_tensor_list(WORLD, [x, ids[:, None]], splits, out_splits)
+    if rank == 0:
+        want = torch.cat([_rows(0, 3, 3)[:2], _rows(1, 4, 3)[:1]])
+        want_ids = torch.tensor([0, 1, 10])
+    else:
+        want = _rows(1, 4, 3)[1:]
+        want_ids = torch.tensor([11, 12, 13])
+    assert torch.equal(gx, want), (gx, want)
+    assert torch.equal(gids[:, 0], want_ids)
+    (gx * (1 + rank)).sum().backward()
+    # each row's gradient is (1 + the rank it went to)
+    dest = torch.cat([torch.full((s,), 1.0 + r) for r, s in enumerate(splits)])
+    assert torch.equal(x.grad, dest[:, None].expand(n, 3).double())
+
+
+def _collectives(rank: int, port: int) -> None:
+    """One job for all the collectives (starting ranks costs seconds each)."""
+    _init(rank, port)
+    try:
+        _ints(rank)
+        _gather(rank)
+        _all_to_all(rank, given=False)
+        _all_to_all(rank, given=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_with_uneven_and_zero_splits_and_their_gradients():
+    _spawn(_collectives)
+
+
+def _fails(local_rank: int, world_rank: int, world_size: int, args) -> None:
+    if world_rank == 1:
+        raise RuntimeError("rank 1 broke on purpose")
+    dist.barrier()  # rank 0 would wait here for ever without the launcher ending it
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_error(monkeypatch):
+    monkeypatch.setenv("TILESPLAT_NPROC", "2")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="rank 1 broke on purpose"):
+        tdist.cli(_fails, None)
+    assert time.monotonic() - t0 < 60
+
+
+def test_single_process_and_bad_arguments():
+    x = [torch.ones(2, 3)]
+    assert tdist.all_gather_tensor_list(1, x) is x
+    assert tdist.all_to_all_int32(1, [5]) == [5]
+    with pytest.raises(RuntimeError, match="process group"):
+        tdist.all_gather_int32(2, 1, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="world_size"):
+        tdist.all_gather_int32(0, 1)
