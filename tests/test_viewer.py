@@ -148,3 +148,12 @@ def test_render_mode_marks_rapid_camera_updates_as_moving():
     time.sleep(SETTLE_S * 1.2)
     server._touch(view, moving=True)
     assert not view.moving
+
+
+def test_viewer_port_is_a_checked_config_key():
+    from tilesplat.train.config import TrainConfig, apply_overrides
+
+    assert TrainConfig().viewer_port == 0  # off unless asked for
+    assert apply_overrides(TrainConfig(), ["viewer_port=8080"]).viewer_port == 8080
+    with pytest.raises(ValueError, match="viewer_port must be in 0..65535"):
+        apply_overrides(TrainConfig(), ["viewer_port=70000"])

@@ -281,6 +281,10 @@ class ViewServer:
         else:
             self._touch_all()
 
+    def refresh(self) -> None:
+        """Render mode: draw every browser again (after the server moved their cameras)."""
+        self._touch_all()
+
     def clients(self) -> dict[int, Any]:
         """The connected browsers by id."""
         return dict(self.server.get_clients())
