@@ -4,8 +4,8 @@
   of splats, one Adam per parameter, the strategy hooks called with its arguments, the optimiser
   step before ``step_post_backward``), with ``DefaultStrategy`` and ``MCMCStrategy``;
 - an image fit in the manner of gsplat's ``examples/image_fitting.py`` (random Gaussians in
-  front of one camera fitted to an image), importing its names from ``tilesplat`` as that
-  example imports them from ``gsplat``.
+  front of one camera fitted to an image) in both of its model types, importing its names
+  from ``tilesplat`` as that example imports them from ``gsplat``.
 """
 
 import math
@@ -180,11 +180,7 @@ def _image_fit(model_type: str, iterations: int = 60, num_points: int = 150):
     return losses
 
 
-@pytest.mark.parametrize(
-    "model_type",
-    ["3dgs", pytest.param("2dgs", marks=pytest.mark.xfail(
-        raises=NotImplementedError, strict=True, reason="2DGS is not implemented yet"))],
-)
+@pytest.mark.parametrize("model_type", ["3dgs", "2dgs"])
 def test_image_fitting(model_type):
     losses = _image_fit(model_type)
     assert losses[-1] < 0.25 * losses[0], losses[::10]

@@ -32,12 +32,11 @@ from .ops import (
 )
 from .ops.camera import RollingShutterType, proj, world_to_cam
 from .ops.indices import accumulate, rasterize_to_indices_in_range
+from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
 from .ops.unsupported import (
     accumulate_2dgs,
-    fully_fused_projection_2dgs,
     fully_fused_projection_with_ut,
     rasterize_to_indices_in_range_2dgs,
-    rasterize_to_pixels_2dgs,
     rasterize_to_pixels_eval3d,
 )
 from .optimizers import SelectiveAdam

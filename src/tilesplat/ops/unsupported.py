@@ -1,5 +1,6 @@
 """gsplat 1.5.3 ops that tilesplat does not implement yet: importable under gsplat's names and
-signatures, raising ``NotImplementedError`` when called (2DGS surfels, 3DGUT)."""
+signatures, raising ``NotImplementedError`` when called (the 2DGS pair listing and
+compositing, 3DGUT)."""
 
 from __future__ import annotations
 
@@ -13,53 +14,15 @@ from .camera import (
     UnscentedTransformParameters,
 )
 
-TWO_DGS = "2DGS (surfel) rendering is not implemented in tilesplat yet (issue 13)"
+TWO_DGS = (
+    "the 2DGS pair listing / compositing is not implemented in tilesplat yet (issue 13); "
+    "rasterize_to_pixels_2dgs renders surfels"
+)
 UT = "3DGUT (the unscented-transform projection and eval3d) is not implemented in tilesplat"
 
 
 def _missing(name: str, why: str) -> NoReturn:
     raise NotImplementedError(f"tilesplat.{name}(): {why}")
-
-
-def fully_fused_projection_2dgs(
-    means: Tensor,  # [..., N, 3]
-    quats: Tensor,  # [..., N, 4]
-    scales: Tensor,  # [..., N, 3]
-    viewmats: Tensor,  # [..., C, 4, 4]
-    Ks: Tensor,  # [..., C, 3, 3]
-    width: int,
-    height: int,
-    eps2d: float = 0.3,
-    near_plane: float = 0.01,
-    far_plane: float = 1e10,
-    radius_clip: float = 0.0,
-    packed: bool = False,
-    sparse_grad: bool = False,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """gsplat's 2DGS projection. Not implemented: raises NotImplementedError."""
-    _missing("fully_fused_projection_2dgs", TWO_DGS)
-
-
-def rasterize_to_pixels_2dgs(
-    means2d: Tensor,  # [..., N, 2]
-    ray_transforms: Tensor,  # [..., N, 3, 3]
-    colors: Tensor,  # [..., N, channels]
-    opacities: Tensor,  # [..., N]
-    normals: Tensor,  # [..., N, 3]
-    densify: Tensor,  # [..., N, 2]
-    image_width: int,
-    image_height: int,
-    tile_size: int,
-    isect_offsets: Tensor,  # [..., tile_height, tile_width]
-    flatten_ids: Tensor,  # [n_isects]
-    backgrounds: Tensor | None = None,
-    masks: Tensor | None = None,
-    packed: bool = False,
-    absgrad: bool = False,
-    distloss: bool = False,
-) -> tuple[Tensor, ...]:
-    """gsplat's 2DGS rasterizer. Not implemented: raises NotImplementedError."""
-    _missing("rasterize_to_pixels_2dgs", TWO_DGS)
 
 
 def rasterize_to_indices_in_range_2dgs(

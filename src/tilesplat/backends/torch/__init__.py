@@ -2,7 +2,7 @@
 float32 and float64, any device. It defines what every other backend computes."""
 
 from ..registry import DiffOp, register
-from . import camera, covariance, indices, intersect, projection, rasterize, sh
+from . import camera, covariance, indices, intersect, projection, rasterize, sh, twodgs
 
 register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covariance.backward))
 register("fully_fused_projection", "torch", DiffOp(projection.forward, projection.backward))
@@ -14,3 +14,5 @@ register("world_to_cam", "torch", camera.world_to_cam)
 register("proj", "torch", camera.proj)
 register("rasterize_to_indices_in_range", "torch", indices.rasterize_to_indices_in_range)
 register("accumulate", "torch", indices.accumulate)
+register("fully_fused_projection_2dgs", "torch", twodgs.project)
+register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize)
