@@ -22,7 +22,7 @@ DEFAULT_EXCEPTIONS = {
 }
 
 NOT_IMPLEMENTED = {
-    "rasterize_to_indices_in_range_2dgs", "accumulate_2dgs", "rasterization_2dgs_inria_wrapper",
+    "rasterization_2dgs_inria_wrapper",
     "rasterization_inria_wrapper", "fully_fused_projection_with_ut",
     "rasterize_to_pixels_eval3d",
 }  # fmt: skip

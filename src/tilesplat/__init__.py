@@ -31,14 +31,14 @@ from .ops import (
     spherical_harmonics,
 )
 from .ops.camera import RollingShutterType, proj, world_to_cam
-from .ops.indices import accumulate, rasterize_to_indices_in_range
-from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
-from .ops.unsupported import (
+from .ops.indices import (
+    accumulate,
     accumulate_2dgs,
-    fully_fused_projection_with_ut,
+    rasterize_to_indices_in_range,
     rasterize_to_indices_in_range_2dgs,
-    rasterize_to_pixels_eval3d,
 )
+from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
+from .ops.unsupported import fully_fused_projection_with_ut, rasterize_to_pixels_eval3d
 from .optimizers import SelectiveAdam
 from .rendering import rasterization
 from .strategy import DefaultStrategy, MCMCStrategy, Strategy

@@ -16,3 +16,5 @@ register("rasterize_to_indices_in_range", "torch", indices.rasterize_to_indices_
 register("accumulate", "torch", indices.accumulate)
 register("fully_fused_projection_2dgs", "torch", twodgs.project)
 register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize)
+register("rasterize_to_indices_in_range_2dgs", "torch", indices.rasterize_to_indices_in_range_2dgs)
+register("accumulate_2dgs", "torch", indices.accumulate_2dgs)

@@ -90,6 +90,25 @@ def project(
             torch.where(keep[..., None], M, zero), torch.where(keep, normals, zero))
 
 
+def surfel_sigma(
+    M: Tensor,  # [..., 3, 3] ray transforms
+    mean: Tensor,  # [..., 2]
+    px: Tensor,  # [...] pixel centre x
+    py: Tensor,  # [...] pixel centre y
+) -> tuple[Tensor, Tensor]:
+    """sigma [...] of surfels at pixel centres (shapes broadcast) and ``ok`` [...]: False where
+    the ray is parallel to the surfel (gsplat skips those; sigma is 0 there)."""
+    h_u = px[..., None] * M[..., 2, :] - M[..., 0, :]
+    h_v = py[..., None] * M[..., 2, :] - M[..., 1, :]
+    cross = torch.linalg.cross(h_u, h_v, dim=-1)
+    ok = cross[..., 2] != 0
+    cz = torch.where(ok, cross[..., 2], torch.ones_like(cross[..., 2]))
+    s_u, s_v = cross[..., 0] / cz, cross[..., 1] / cz
+    dx, dy = mean[..., 0] - px, mean[..., 1] - py
+    g = torch.minimum(s_u * s_u + s_v * s_v, FILTER_INV_SQUARE * (dx * dx + dy * dy))
+    return torch.where(ok, 0.5 * g, torch.zeros_like(g)), ok
+
+
 def _composite_bucket(mean, M, color, opac, normal, shift, in_list, pixels):
     """One bucket of tiles: mean [t,K,2], M [t,K,3,3], color [t,K,D], opac [t,K],
     normal [t,K,3], shift [t,K,2] (densify), in_list [t,K], pixels [t,P,2].
@@ -97,16 +116,9 @@ def _composite_bucket(mean, M, color, opac, normal, shift, in_list, pixels):
     Returns colour [t,P,D], normal [t,P,3], T [t,P], distortion [t,P], median depth [t,P],
     contributing mask [t,P,K]."""
     p = pixels.to(mean.dtype)[:, :, None, :] + PIXEL_CENTER - shift[:, None]  # [t,P,K,2]
-    px, py = p[..., 0:1], p[..., 1:2]
-    h_u = px * M[:, None, :, 2] - M[:, None, :, 0]  # [t,P,K,3]
-    h_v = py * M[:, None, :, 2] - M[:, None, :, 1]
-    cross = torch.linalg.cross(h_u, h_v, dim=-1)
-    ok = in_list[:, None, :] & (cross[..., 2] != 0)
-    cz = torch.where(ok, cross[..., 2], torch.ones_like(cross[..., 2]))
-    s_u, s_v = cross[..., 0] / cz, cross[..., 1] / cz
-    d = mean[:, None] - p
-    g = torch.minimum(s_u * s_u + s_v * s_v, FILTER_INV_SQUARE * (d * d).sum(-1))
-    sigma = torch.where(ok, 0.5 * g, torch.zeros_like(g))
+    sigma, ok = surfel_sigma(M[:, None], mean[:, None], p[..., 0], p[..., 1])  # [t,P,K]
+    ok = ok & in_list[:, None, :]
+    sigma = torch.where(ok, sigma, torch.zeros_like(sigma))
     alpha = torch.clamp_max(opac[:, None, :] * torch.exp(-sigma), ALPHA_CLAMP)
     active = ok & (sigma >= 0) & (alpha >= ALPHA_SKIP)
     alpha = torch.where(active, alpha, torch.zeros_like(alpha))
@@ -179,4 +191,4 @@ def rasterize(
             out_d.reshape(I, height, width, 1), out_m.reshape(I, height, width, 1))
 
 
-__all__ = ["project", "rasterize"]
+__all__ = ["project", "rasterize", "surfel_sigma"]
