@@ -147,7 +147,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="flatten_ids"):
         tilesplat.rasterize_to_pixels_2dgs(m2d, M, colors, opac, normals, densify, W, H, TILE,
                                            offsets, flatten_ids + 1000)
-    with pytest.raises(NotImplementedError, match="absgrad"):
+    with pytest.raises(ValueError, match="absgrad"):
         tilesplat.rasterize_to_pixels_2dgs(m2d, M, colors, opac, normals, densify, W, H, TILE,
                                            offsets, flatten_ids, absgrad=True)
     means, quats, scales, _, _ = _surfels(dtype=torch.float32)
@@ -169,13 +169,13 @@ def test_rasterization_2dgs_end_to_end(packed):
     out = tilesplat.rasterization_2dgs(
         params["means"], params["quats"], params["scales"].exp(),
         torch.sigmoid(params["opacities"]), colors, view, K, 24, 20, packed=packed,
-        render_mode="RGB+ED", distloss=True, backgrounds=torch.ones(2, 3))
+        render_mode="RGB+ED", distloss=True, backgrounds=torch.ones(2, 3), absgrad=packed)
     colors_out, alphas, normals, normals_depth, distort, median, meta = out
     assert colors_out.shape == (2, 20, 24, 4) and normals.shape == (2, 20, 24, 3)
     assert normals_depth.shape == (2, 20, 24, 3) and distort.shape == (2, 20, 24, 1)
     assert alphas.max().item() > 0.5 and median.max().item() > 2.0
     strategy = tilesplat.DefaultStrategy(key_for_gradient="gradient_2dgs", refine_start_iter=0,
-                                         refine_every=1, grow_grad2d=0.0)
+                                         refine_every=1, grow_grad2d=0.0, absgrad=packed)
     opts = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
     state = strategy.initialize_state()
     strategy.step_pre_backward(params, opts, state, 1, meta)
@@ -208,3 +208,24 @@ def test_indices_and_accumulate_2dgs_reproduce_the_rasterizer():
     for name, a, b in zip(("means2d", "ray_transforms", "colors", "opacities", "normals"),
                           g_got, g_want, strict=True):
         assert_close(f"v_{name}", a, b, 1e-9, 1e-9)
+
+
+def test_absgrad_sums_absolute_per_pixel_gradients():
+    m2d, M, colors, opac, normals, offsets, flatten_ids = _setup(n=10, seed=7)
+    up = torch.randn(2, H, W, colors.shape[-1], dtype=colors.dtype)
+    densify = torch.zeros_like(m2d, requires_grad=True)
+    out = tilesplat.rasterize_to_pixels_2dgs(m2d, M, colors, opac, normals, densify, W, H,
+                                             TILE, offsets, flatten_ids, absgrad=True)
+    (out[0] * up).sum().backward()
+    want = torch.zeros_like(m2d)
+    for i in range(2):
+        for y in range(H):
+            for x in range(W):
+                d = torch.zeros_like(m2d, requires_grad=True)
+                c = tilesplat.rasterize_to_pixels_2dgs(m2d, M, colors, opac, normals, d, W, H,
+                                                       TILE, offsets, flatten_ids)[0]
+                (g,) = torch.autograd.grad((c[i, y, x] * up[i, y, x]).sum(), d)
+                want += g.abs()
+    assert want.abs().sum() > 0
+    assert_close("absgrad", densify.absgrad, want, 1e-10, 1e-10)
+    assert (densify.absgrad >= densify.grad.abs() - 1e-12).all()

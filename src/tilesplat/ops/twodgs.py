@@ -118,7 +118,8 @@ def rasterize_to_pixels_2dgs(
     screen-space gradient of each surfel (gsplat's ``gradient_2dgs``).
 
     Args:
-        absgrad: not supported with 2DGS (NotImplementedError).
+        absgrad: after backward, ``densify.absgrad`` [..., N, 2] holds the sum over pixels
+            of the absolute per-pixel gradient of ``densify`` (AbsGS for 2DGS).
         distloss: accepted (gsplat switches the distortion's gradient with it; autograd
             always has it).
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
@@ -134,8 +135,9 @@ def rasterize_to_pixels_2dgs(
     check_bool("packed", packed)
     check_bool("absgrad", absgrad)
     check_bool("distloss", distloss)
-    if absgrad:
-        raise NotImplementedError("rasterize_to_pixels_2dgs(absgrad=True) is not supported yet")
+    if absgrad and not densify.requires_grad:
+        raise ValueError("absgrad=True needs densify with requires_grad=True (its .absgrad "
+                         "is filled by the backward pass)")
     named = {"means2d": means2d, "ray_transforms": ray_transforms, "colors": colors,
              "opacities": opacities, "normals": normals, "densify": densify,
              "backgrounds": backgrounds}
@@ -172,13 +174,17 @@ def rasterize_to_pixels_2dgs(
     if flatten_ids.numel() and (int(flatten_ids.min()) < 0 or int(flatten_ids.max()) >= G):
         raise ValueError(f"expected flatten_ids in [0, {G}), got "
                          f"[{int(flatten_ids.min())}, {int(flatten_ids.max())}]")
+    absgrad_into = None
+    if absgrad:
+        absgrad_into = densify.new_zeros((G, 2))
+        densify.absgrad = absgrad_into.view(densify.shape)  # filled by the backward pass
     _, impl = resolve("rasterize_to_pixels_2dgs", device, backend)
     outs = impl(
         means2d.reshape(G, 2), ray_transforms.reshape(G, 3, 3), colors.reshape(G, D),
         opacities.reshape(G), normals.reshape(G, 3), densify.reshape(G, 2),
         None if backgrounds is None else backgrounds.reshape(I, D),
         None if masks is None else masks.reshape(I, TH, TW), width, height, tile_size,
-        isect_offsets.reshape(I, TH, TW), flatten_ids.long())
+        isect_offsets.reshape(I, TH, TW), flatten_ids.long(), absgrad_into=absgrad_into)
     tails = (D, 1, 3, 1, 1)
     return tuple(o.reshape(*image_dims, height, width, k) for o, k in zip(outs, tails,
                                                                          strict=True))

@@ -111,11 +111,13 @@ def surfel_sigma(
 
 def _composite_bucket(mean, M, color, opac, normal, shift, in_list, pixels):
     """One bucket of tiles: mean [t,K,2], M [t,K,3,3], color [t,K,D], opac [t,K],
-    normal [t,K,3], shift [t,K,2] (densify), in_list [t,K], pixels [t,P,2].
+    normal [t,K,3], shift [t,K,2] or [t,P,K,2] (densify), in_list [t,K], pixels [t,P,2].
 
     Returns colour [t,P,D], normal [t,P,3], T [t,P], distortion [t,P], median depth [t,P],
     contributing mask [t,P,K]."""
-    p = pixels.to(mean.dtype)[:, :, None, :] + PIXEL_CENTER - shift[:, None]  # [t,P,K,2]
+    if shift.dim() == 3:
+        shift = shift[:, None]
+    p = pixels.to(mean.dtype)[:, :, None, :] + PIXEL_CENTER - shift  # [t,P,K,2]
     sigma, ok = surfel_sigma(M[:, None], mean[:, None], p[..., 0], p[..., 1])  # [t,P,K]
     ok = ok & in_list[:, None, :]
     sigma = torch.where(ok, sigma, torch.zeros_like(sigma))
@@ -142,6 +144,15 @@ def _composite_bucket(mean, M, color, opac, normal, shift, in_list, pixels):
     return accum, normals, trans, distort, median, contrib
 
 
+def _abs_sum_hook(into: Tensor, ids: Tensor, in_list: Tensor):
+    """A hook on the per-pixel shifts [t,P,K,2]: adds sum_P |gradient| to ``into[ids]``."""
+
+    def hook(grad: Tensor) -> None:
+        into.index_add_(0, ids, grad.abs().sum(1)[in_list].to(into.dtype))
+
+    return hook
+
+
 def rasterize(
     means2d: Tensor,  # [G, 2]
     ray_transforms: Tensor,  # [G, 3, 3]
@@ -156,9 +167,13 @@ def rasterize(
     tile_size: int,
     isect_offsets: Tensor,  # [I, TH, TW]
     flatten_ids: Tensor,  # [n_isects]
+    absgrad_into: Tensor | None = None,  # [G, 2]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """render_colors [I,H,W,D], render_alphas [I,H,W,1], render_normals [I,H,W,3],
-    render_distort [I,H,W,1], render_median [I,H,W,1]."""
+    render_distort [I,H,W,1], render_median [I,H,W,1].
+
+    With ``absgrad_into``, the backward pass adds to it the sum over pixels of the absolute
+    per-pixel gradient of ``densify`` (which must require grad)."""
     I, TH, TW = isect_offsets.shape
     D = colors.shape[-1]
     dev, dt = means2d.device, means2d.dtype
@@ -173,9 +188,13 @@ def rasterize(
     for tiles, K in _buckets(counts, tile_size * tile_size):
         gid, in_list, _, pixels, flat, _ = _gather(tiles, K, starts, counts, flatten_ids,
                                                    geometry)
+        shift = densify[gid]  # [t, K, 2]
+        if absgrad_into is not None:
+            shift = shift[:, None].expand(-1, pixels.shape[1], -1, -1)  # [t, P, K, 2]
+            shift.register_hook(_abs_sum_hook(absgrad_into, gid[in_list], in_list))
         c, n, t, dist, med, _ = _composite_bucket(
             means2d[gid], ray_transforms[gid], colors[gid], opacities[gid], normals[gid],
-            densify[gid], in_list, pixels)
+            shift, in_list, pixels)
         inside = flat >= 0
         idx = flat[inside]
         out_c = out_c.index_copy(0, idx, c[inside])
