@@ -13,6 +13,7 @@ LAYER = {
     "ops": 1,
     "rendering": 2,
     "distributed": 2,
+    "sharding": 2,
     "variants": 2,
     "data": 3,
     "strategy": 3,

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import sharding
 from .backends.registry import current_backward_scheme
 from .constants import RASTERIZE_MODES, RENDER_MODES
 from .ops import (
@@ -31,7 +32,6 @@ from .ops.validation import (
 )
 
 _UNSUPPORTED = {
-    "distributed": False,
     "with_ut": False,
     "with_eval3d": False,
     "radial_coeffs": None,
@@ -121,7 +121,7 @@ def rasterization(
         isect_ids, flatten_ids, isect_offsets, last_ids, ...).
     """
     _check_unsupported(
-        distributed=distributed, with_ut=with_ut, with_eval3d=with_eval3d,
+        with_ut=with_ut, with_eval3d=with_eval3d,
         radial_coeffs=radial_coeffs, tangential_coeffs=tangential_coeffs,
         thin_prism_coeffs=thin_prism_coeffs, ftheta_coeffs=ftheta_coeffs,
         viewmats_rs=viewmats_rs,
@@ -136,6 +136,7 @@ def rasterization(
     height = check_positive_int("height", height)
     check_bool("packed", packed)
     check_bool("absgrad", absgrad)
+    check_bool("distributed", distributed)
     scheme = current_backward_scheme(backward_scheme)
 
     check_tensor("means", means)
@@ -169,6 +170,21 @@ def rasterization(
     if backgrounds is not None:
         check_tensor("backgrounds", backgrounds)
         s.check("backgrounds", backgrounds, "..., C, D" if sh_degree is None else "..., C, 3")
+
+    if distributed:
+        # this rank's Gaussians into every rank's cameras; rasterize its own cameras
+        if batch_dims:
+            raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
+                             f"{tuple(means.shape)}")
+        if absgrad:
+            raise ValueError("rasterization(distributed=True) does not support absgrad")
+        if per_view:
+            raise ValueError("rasterization(distributed=True) needs per-Gaussian colors "
+                             "[N, D] or [N, K, 3], not per-camera ones")
+        rank, world_size = sharding.world()
+        check_tensor("Ks", Ks)
+        viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, N)
+        C = int(viewmats.shape[0])
 
     proj = fully_fused_projection(
         means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
@@ -214,6 +230,20 @@ def rasterization(
         masks = (radii > 0).all(dim=-1)
         colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
         colors = torch.clamp_min(colors + 0.5, 0.0)
+
+    if distributed:
+        if packed:
+            camera_ids, gaussian_ids, (radii, means2d, depths, conics, opac, colors) = (
+                sharding.exchange_packed(world_size, rank, n_cams, n_gauss, camera_ids,
+                                         gaussian_ids,
+                                         [radii, means2d, depths, conics, opac, colors]))
+            image_ids = camera_ids
+        else:
+            radii, means2d, depths, conics, opac, colors = sharding.exchange_unpacked(
+                world_size, rank, n_cams, n_gauss,
+                [radii, means2d, depths, conics, opac, colors])
+        C = n_cams[rank]
+        meta.update({"n_cameras_per_rank": n_cams, "n_gaussians_per_rank": n_gauss})
 
     if render_mode in ("RGB+D", "RGB+ED"):
         colors = torch.cat([colors, depths[..., None]], dim=-1)
