@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	# [cuda] brings numba-cuda and its NVVM: CI compiles every GPU kernel to PTX and runs
 	# them in the simulator (no GPU needed). [viewer] brings viser for the browser tests.
-	$(BIN)/pip install --quiet -e ".[dev,cuda,viewer]"
+	# [sfm] brings pycolmap: the structure-from-motion tests run in CI, none is skipped.
+	$(BIN)/pip install --quiet -e ".[dev,cuda,viewer,sfm]"
 	touch $(STAMP)
 
 setup: $(STAMP)
