@@ -38,6 +38,7 @@ CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "SIMPLE_PINHOLE", "PINHOLE
 INSTALL_HINT = 'structure-from-motion needs pycolmap: pip install "tilesplat[sfm]"'
 REPORT_FILE = "prepare.json"
 MIN_MODEL = 3  # registered images below which a model is refused whatever min_registered says
+MIN_PAIR_INLIERS = 15  # the mapper's min_num_matches: pairs with fewer do not count
 SEQUENTIAL_OVERLAP = 10  # neighbours matched on each side in sequential mode (COLMAP's default)
 _TRY = (
     "try: photos with more overlap (each scene point in 3+ photos, 60-80% overlap between "
@@ -221,7 +222,7 @@ def _reconstruct(
         lambda: stage_photos(photos, staged, max_size),
     )
     original = {p.staged: p.name for p in photos}
-    pycolmap.logging.minloglevel = 2  # errors only: the stages speak for themselves
+    pycolmap.logging.minloglevel = 3  # fatal only: the stages and our errors speak
     pycolmap.set_random_seed(seed)
     database = root / "database.db"
 
@@ -263,10 +264,11 @@ def _reconstruct(
             pairing.overlap = SEQUENTIAL_OVERLAP
             pycolmap.match_sequential(database, matching_options=options, pairing_options=pairing)
         with pycolmap.Database.open(database) as db:
-            return db.num_verified_image_pairs()
+            _, inliers = db.read_two_view_geometry_num_inliers()
+        return sum(n >= MIN_PAIR_INLIERS for n in inliers)
 
     n_pairs = stages.run("matching", matcher, matching)
-    log(f"      {n_pairs} image pairs verified")
+    log(f"      {n_pairs} image pairs share at least {MIN_PAIR_INLIERS} verified matches")
     if n_pairs == 0:
         raise ValueError(
             f"structure-from-motion failed: no two of the {len(photos)} images share enough "
@@ -292,7 +294,7 @@ def _reconstruct(
     if not models:
         raise ValueError(
             f"structure-from-motion failed: no pair of the {len(photos)} images could start a "
-            f"model ({n_pairs} matching pairs, none with enough inliers and parallax); " + _TRY
+            f"model ({n_pairs} matching pairs, none with enough matches and parallax); " + _TRY
         )
     rec = max(models.values(), key=lambda r: r.num_reg_images())
     registered = {rec.image(i).name for i in rec.reg_image_ids()}
