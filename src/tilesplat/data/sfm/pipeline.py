@@ -62,6 +62,8 @@ class PrepareReport:
         n_exif_focal: photos whose EXIF focal length seeded the intrinsics.
         cameras: output cameras as ``{"model", "width", "height", "params"}``.
         seconds: wall time per stage.
+        cpu_seconds: CPU time per stage (all threads; what an idle machine's wall time
+            approaches with one thread).
         options: the arguments of the run.
     """
 
@@ -74,6 +76,7 @@ class PrepareReport:
     n_exif_focal: int = 0
     cameras: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -122,12 +125,14 @@ class _Stages:
     def __init__(self, log: Log):
         self.log = log
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
 
     def run(self, name: str, what: str, fn: Callable[[], Any]) -> Any:
         self.log(f"[{len(self.seconds) + 1}/5] {name}: {what}")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = fn()
         self.seconds[name] = round(time.perf_counter() - start, 3)
+        self.cpu_seconds[name] = round(time.process_time() - cpu, 3)
         self.log(f"      {name} done in {self.seconds[name]:.1f} s")
         return result
 
@@ -338,5 +343,5 @@ def _reconstruct(
         }
         for c in cams.values()
     ]
-    report.seconds = stages.seconds
+    report.seconds, report.cpu_seconds = stages.seconds, stages.cpu_seconds
     return report
