@@ -104,6 +104,9 @@ def test_cli_bench_replays_a_run(run_dir, tmp_path, capsys):
     assert res["config"]["iters"] == 2 and res["parity_gate_passed"]
     step = res["arms"][1]["ms"]["step"]
     assert len(step["iterations"]) == 4 and {"median", "mean", "std"} <= set(step)
+    parts = [res["arms"][1]["ms"][f"step_{p}"]["median"] for p in ("render", "loss", "backward",
+                                                                   "adam")]
+    assert 0 < sum(parts) <= step["median"] * 1.01 and "step: adam" in text
 
 
 def test_bad_runs_are_one_line_errors(run_dir, tmp_path, capsys):

@@ -25,6 +25,7 @@ loads it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from ..train.config import TrainConfig
 from ..train.run import RunCheckpoint, load_scene, open_checkpoint
 from ..train.splats import PARAM_NAMES
 from ..train.step import (
+    STEP_STAGES,
     Batch,
     CameraOrder,
     make_batch,
@@ -61,6 +63,9 @@ from .timing import StageTimer
 # warm-up passes, timed iterations per repeat and repeats of a run scene (issue 9)
 RUN_DEFAULTS = {"warmup": 10, "iters": 50, "repeats": 3}
 RASTER_GRADS = ("means2d", "conics", "colors", "opacities")
+# the parts of the trainer's step, timed inside "step" on CPU arms (train.step.STEP_STAGES;
+# on CUDA the synchronisations between parts would add to the step's host overhead)
+STEP_PARTS = tuple(f"step_{s}" for s in STEP_STAGES)
 
 
 @dataclass
@@ -191,10 +196,21 @@ class ReplayStep:
     def __call__(self, timer: StageTimer) -> None:
         batch = self.replay.batch(self.i, self.device)
         step = self.replay.step_of(self.i)
+        parts = _Parts(timer) if self.device.type == "cpu" else None
         with timer.stage("step"):
             optimization_step(self.params, self.optimizers, batch, self.cfg, step,
-                              self.scene_scale)
+                              self.scene_scale, clock=parts)
         self.i += 1
+
+
+class _Parts:
+    """Times the trainer step's parts as ``step_render``, ``step_loss``, ... on ``timer``."""
+
+    def __init__(self, timer: StageTimer) -> None:
+        self.timer = timer
+
+    def stage(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.timer.stage(f"step_{name}")
 
 
 def trainer_pass(replay: Replay, arm: Arm, i: int = 0) -> dict[str, Any]:

@@ -143,6 +143,11 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
             rows.append(["stages total"] + [_cell(a["ms"]["staged_total"], a is arms[0])
                                             for a in arms])
         rows.append([title] + [_cell(a["ms"][name], a is arms[0]) for a in arms])
+        if name == "step":  # a run's trainer step, part by part (replay, CPU arms)
+            for part in ("render", "loss", "backward", "adam"):
+                if f"step_{part}" in arms[0]["ms"]:
+                    rows.append([f"  step: {part}"] + [
+                        _cell(a["ms"][f"step_{part}"], a is arms[0]) for a in arms])
     if any("gpu" in a["ms"]["step"] for a in arms):
         rows.append(["step GPU-busy ms"] + [
             f"{a['ms']['step']['gpu']['median']:.3f}" if "gpu" in a["ms"]["step"] else "-"

@@ -119,7 +119,7 @@ def run_bench(
     counts = {"iters": 3, "repeats": 3, "warmup": 1}
     if is_run_spec(scene):
         # the trainer and its image I/O, only for run scenes (.parity.is_run_spec)
-        from .replay import RUN_DEFAULTS, ReplayStep, open_run
+        from .replay import RUN_DEFAULTS, STEP_PARTS, ReplayStep, open_run
 
         replay, counts = open_run(scene), RUN_DEFAULTS
         sh_degree, tile_size = replay.sh_degree, 16  # what the trainer renders with
@@ -136,12 +136,14 @@ def run_bench(
         sc: Scene = replay.scene().to(dtype=dtype)
     else:
         sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
-    make_step = TrainStep
+    make_step, parts = TrainStep, ()
     if replay is not None:
         make_step = lambda inp, arm: ReplayStep(replay, arm)  # noqa: E731
+        if all(a.torch_device.type == "cpu" for a in arm_list):
+            parts = STEP_PARTS  # the trainer step's render, loss, backward, Adam
     with thread_count(threads):
         res = _run(sc, arm_list, iters, repeats, warmup, sh_degree, tile_size, seed,
-                   calibrate, calibration_seconds, hook, make_step)
+                   calibrate, calibration_seconds, hook, make_step, parts)
     if replay is not None:
         res["scene"]["run"] = replay.info()
     res["config"].update(threads=threads, calibrate=calibrate,
@@ -152,7 +154,7 @@ def run_bench(
 def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_degree: int,
          tile_size: int, seed: int, calibrate: bool, calibration_seconds: float,
          hook: Hook | None, make_step: Callable[[Any, Arm], Callable[[StageTimer], None]],
-         ) -> dict[str, Any]:
+         step_parts: tuple[str, ...] = ()) -> dict[str, Any]:
     from .ceiling import MicroKernel
     from .ceiling import calibrate as run_calibration
 
@@ -183,7 +185,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
     del first, out0
 
     # samples[arm][name] = [[ms of each iteration] of each repeat]; "ceiling" in pairs/s
-    names = (*STAGES, "staged_total", "step")
+    names = (*STAGES, "staged_total", "step", *step_parts)
     samples = [{n: [[] for _ in range(repeats)] for n in names} for _ in arms]
     gpu = [{n: [[] for _ in range(repeats)] for n in names} for _ in arms]
     ceiling_rates: list[list[float]] = [[] for _ in range(repeats)]
