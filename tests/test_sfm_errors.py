@@ -167,3 +167,12 @@ def test_staging_converts_other_modes(tmp_path, mode):
             assert pil.mode == "RGB" and pil.size == (80, 64)
             if mode == "I;16":  # the top byte, not clipped to white
                 assert np.abs(np.asarray(pil)[:, :, 0].astype(int) - rgb[:, :, 0]).max() <= 1
+
+
+def test_train_images_that_fail_leave_no_run_folder(tmp_path, capsys):
+    _noise_photos(tmp_path / "p", 4)
+    run = tmp_path / "run"
+    assert main(["train", "--images", str(tmp_path / "p"), "--set", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tilesplat train: error: structure-from-motion")
+    assert not run.exists()

@@ -21,6 +21,7 @@ here, inside :func:`prepare`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -175,8 +176,11 @@ def prepare(
     _check_out_dir(out)
     photos = scan_photos(images_dir)
     pycolmap = import_pycolmap()
+    made_parent = not out.parent.exists()
     out.parent.mkdir(parents=True, exist_ok=True)
     stage_root = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
+    log_level = pycolmap.logging.minloglevel
+    pycolmap.logging.minloglevel = 3  # fatal only: the stages and our errors speak
     try:
         report = _reconstruct(
             pycolmap, photos, stage_root, matcher, camera_model, max_size, threads, seed, log
@@ -188,7 +192,7 @@ def prepare(
             "max_size": max_size,
             "seed": seed,
         }
-        need = max(MIN_MODEL, int(min_registered * len(photos) + 0.999999))
+        need = max(MIN_MODEL, math.ceil(min_registered * len(photos) - 1e-9))
         if report.n_registered < need:
             raise ValueError(
                 f"structure-from-motion registered only {report.n_registered} of "
@@ -199,7 +203,13 @@ def prepare(
         if out.is_dir():
             out.rmdir()  # empty (checked above); os.replace needs the name free
         os.replace(result, out)
+    except BaseException:
+        shutil.rmtree(stage_root, ignore_errors=True)
+        if made_parent and not any(out.parent.iterdir()):
+            out.parent.rmdir()  # e.g. the run folder of train --images: leave no trace
+        raise
     finally:
+        pycolmap.logging.minloglevel = log_level
         shutil.rmtree(stage_root, ignore_errors=True)
     log(report.summary())
     return report
@@ -227,7 +237,6 @@ def _reconstruct(
         lambda: stage_photos(photos, staged, max_size),
     )
     original = {p.staged: p.name for p in photos}
-    pycolmap.logging.minloglevel = 3  # fatal only: the stages and our errors speak
     pycolmap.set_random_seed(seed)
     database = root / "database.db"
 
