@@ -98,12 +98,18 @@ def surfel_sigma(
 ) -> tuple[Tensor, Tensor]:
     """sigma [...] of surfels at pixel centres (shapes broadcast) and ``ok`` [...]: False where
     the ray is parallel to the surfel (gsplat skips those; sigma is 0 there)."""
-    h_u = px[..., None] * M[..., 2, :] - M[..., 0, :]
-    h_v = py[..., None] * M[..., 2, :] - M[..., 1, :]
-    cross = torch.linalg.cross(h_u, h_v, dim=-1)
-    ok = cross[..., 2] != 0
-    cz = torch.where(ok, cross[..., 2], torch.ones_like(cross[..., 2]))
-    s_u, s_v = cross[..., 0] / cz, cross[..., 1] / cz
+    # h_u × h_v = p_x (M_v × M_w) + p_y (M_w × M_u) + M_u × M_v: three crosses per surfel,
+    # then two multiply-adds per pixel and component
+    M_u, M_v, M_w = M[..., 0, :], M[..., 1, :], M[..., 2, :]
+    a = torch.linalg.cross(M_v, M_w, dim=-1)
+    b = torch.linalg.cross(M_w, M_u, dim=-1)
+    c = torch.linalg.cross(M_u, M_v, dim=-1)
+    cross_x = px * a[..., 0] + py * b[..., 0] + c[..., 0]
+    cross_y = px * a[..., 1] + py * b[..., 1] + c[..., 1]
+    cross_z = px * a[..., 2] + py * b[..., 2] + c[..., 2]
+    ok = cross_z != 0
+    cz = torch.where(ok, cross_z, torch.ones_like(cross_z))
+    s_u, s_v = cross_x / cz, cross_y / cz
     dx, dy = mean[..., 0] - px, mean[..., 1] - py
     g = torch.minimum(s_u * s_u + s_v * s_v, FILTER_INV_SQUARE * (dx * dx + dy * dy))
     return torch.where(ok, 0.5 * g, torch.zeros_like(g)), ok
