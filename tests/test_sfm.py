@@ -204,3 +204,17 @@ def test_prepared_dataset_reads_the_same_in_pycolmap_and_tilesplat(room):
         m = rec.image(iid).cam_from_world().matrix()
         np.testing.assert_allclose(qvec_to_rotmat(im.qvec), m[:, :3], atol=1e-9)
     assert [c.model for c in cams.values()] == ["PINHOLE"]
+
+
+def test_sequential_matcher_and_a_pinhole_model(room, tmp_path, capsys):
+    """The other paths of the options: neighbours in name order (the room's views circle the
+    object in name order) and a camera model without distortion."""
+    out = tmp_path / "seq"
+    args = ["prepare", str(room.scene / "images"), str(out), "--matcher", "sequential"]
+    assert main([*args, "--camera-model", "SIMPLE_PINHOLE", "--threads", "1"]) == 0
+    assert "[3/5] matching: sequential" in capsys.readouterr().out
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert report["n_registered"] == TINY["n_views"]
+    assert report["options"]["camera_model"] == "SIMPLE_PINHOLE"
+    err = pose_errors(room.truth, out / "sparse" / "0")
+    assert err["rot_deg"].max() < 1.0 and err["pos_frac"].max() < 0.01
