@@ -66,6 +66,7 @@ def _exif_focal(pil: Image.Image) -> float | None:
 
 def _open_checked(path: Path) -> Image.Image:
     """The decoded image; ValueError naming the file when it cannot be read."""
+    pil = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -79,6 +80,8 @@ def _open_checked(path: Path) -> Image.Image:
         Image.DecompressionBombError,
         Image.DecompressionBombWarning,
     ) as e:
+        if pil is not None:
+            pil.close()
         raise ValueError(f"{path.name}: {e}") from e
     return pil
 
