@@ -84,12 +84,19 @@ def num_threads() -> int:
 def parallel_for(kernel, n_items: int, *args) -> None:
     """Runs ``kernel(first, step, *args)`` for first = 0 .. step-1 on ``step`` threads, where
     ``step = min(num_threads(), n_items)``; the kernel processes items first, first + step, ..."""
+    torch_threads = torch.get_num_threads()
     step = min(num_threads(), n_items)
     if step <= 1:
         kernel(0, 1, *args)
-        return
-    if not _pool or _pool[0]._max_workers < step:
-        _pool[:] = [ThreadPoolExecutor(max_workers=step, thread_name_prefix="tilesplat-cpu")]
-    futures = [_pool[0].submit(kernel, first, step, *args) for first in range(step)]
-    for f in futures:
-        f.result()
+    else:
+        if not _pool or _pool[0]._max_workers < step:
+            _pool[:] = [ThreadPoolExecutor(max_workers=step, thread_name_prefix="tilesplat-cpu")]
+        futures = [_pool[0].submit(kernel, first, step, *args) for first in range(step)]
+        for f in futures:
+            f.result()
+    if torch.get_num_threads() != torch_threads:
+        # Numba's OpenMP layer, started by the first kernel, sets the process's OpenMP thread
+        # count, which is torch's intra-op pool: keep the caller's (OMP_NUM_THREADS=1 or
+        # torch.set_num_threads(1) on a shared machine, where torch ops with more threads than
+        # free cores ran ~30x slower: Adam of 300 Gaussians took 40 ms instead of 0.1 ms).
+        torch.set_num_threads(torch_threads)
