@@ -223,6 +223,42 @@ def _worker(local_rank: int, world_size: int, fn: Callable, args: Any, backend: 
             dist.destroy_process_group()
 
 
+def launch_local(world_size: int, fn: Callable, args: Any, backend: str = "gloo",
+                 verbose: bool = False) -> None:
+    """Runs ``fn(local_rank, world_rank, world_size, args)`` in ``world_size`` new processes
+    joined in a ``backend`` process group on 127.0.0.1 (1: in this process, no group).
+
+    A rank that raises ends the job: the other ranks are terminated and the first error in
+    time (the cause; the others then fail on the lost peer) is raised here as a
+    RuntimeError naming its rank."""
+    errors = torch.multiprocessing.get_context("spawn").SimpleQueue()
+    if world_size == 1:
+        _worker(0, 1, fn, args, backend, verbose, errors)
+        return
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    context = torch.multiprocessing.spawn(
+        _worker, args=(world_size, fn, args, backend, verbose, errors), nprocs=world_size,
+        join=False,
+    )
+    try:
+        while not context.join():  # raises on the first rank that fails, ending the others
+            pass
+    except Exception as exc:
+        reports = []
+        while not errors.empty():
+            reports.append(errors.get())
+        if not reports:
+            raise
+        _, rank, message, trace = min(reports)
+        raise RuntimeError(f"rank {rank} of {world_size} failed: {message}\n{trace}") from exc
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+
+
 def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
     """Runs ``fn(local_rank, world_rank, world_size, args)`` on every local rank, as gsplat's
     ``cli``: one process per visible GPU with NCCL, or (tilesplat's addition, no GPU) as many
@@ -252,30 +288,5 @@ def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(f"TILESPLAT_NPROC must be an integer >= 1, got {raw!r}")
         world_size, backend = int(raw), "gloo"
-    errors = torch.multiprocessing.get_context("spawn").SimpleQueue()
-    if world_size == 1:
-        _worker(0, 1, fn, args, backend, verbose, errors)
-        return True
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
-    context = torch.multiprocessing.spawn(
-        _worker, args=(world_size, fn, args, backend, verbose, errors), nprocs=world_size,
-        join=False,
-    )
-    try:
-        while not context.join():  # raises on the first rank that fails, ending the others
-            pass
-    except Exception as exc:
-        reports = []
-        while not errors.empty():
-            reports.append(errors.get())
-        if not reports:
-            raise
-        _, rank, message, trace = min(reports)
-        raise RuntimeError(f"rank {rank} of {world_size} failed: {message}\n{trace}") from exc
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            process.join()
+    launch_local(world_size, fn, args, backend, verbose)
     return True

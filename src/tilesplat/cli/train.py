@@ -38,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", metavar="RUN", help="continue the run in folder RUN from its newest checkpoint"
     )
     parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train in N local processes (gloo on 127.0.0.1; parallel = data unless set); "
+        "under torchrun the job's ranks are used instead (docs/distributed.md)",
+    )
+    parser.add_argument(
         "--list-keys",
         action="store_true",
         help="list every config key with its default and help, then exit",
@@ -82,10 +90,13 @@ def run(args: argparse.Namespace) -> int:
     if args.list_keys:
         print(describe_fields())
         return 0
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.resume:
         if args.config or args.data or args.images:
             raise ValueError("--resume takes the run's own config; use --set to change keys")
-        run_dir, metrics = resume_run(args.resume, args.overrides)
+        multi = args.nproc > 1 or _torchrun_world() > 1
+        job = (None, args.resume, list(args.overrides) + (["parallel=data"] if multi else []))
     else:
         cfg = load_config(args.config) if args.config else TrainConfig()
         if args.data:
@@ -95,6 +106,76 @@ def run(args: argparse.Namespace) -> int:
             if args.data:
                 raise ValueError("give --images (photos) or --data (a dataset), not both")
             cfg = prepare_images(cfg, args.images)
+        if (args.nproc > 1 or _torchrun_world() > 1) and cfg.parallel == "none":
+            cfg = apply_overrides(cfg, ["parallel=data"])
+        job = (cfg, None, [])
+    if _torchrun_world() > 1:  # this process is one rank of a torchrun job
+        _join_torchrun(job)
+        return 0
+    if args.nproc > 1:
+        from ..distributed import launch_local
+
+        launch_local(args.nproc, _train_rank, job, backend="gloo")
+        return 0
+    cfg, resume, overrides = job
+    if resume:
+        run_dir, metrics = resume_run(resume, overrides)
+    else:
         run_dir, metrics = train_run(cfg)
     print(summary(run_dir, metrics))
     return 0
+
+
+def _torchrun_world() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+
+def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -> None:
+    """One rank of a data-parallel training (the process group is up): the cores are shared
+    between the local ranks, and only rank 0 logs and writes."""
+    import os
+
+    import numba
+    import torch
+
+    from ..train.config import apply_overrides
+    from ..train.run import resume_run, train_run
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    threads = max(1, (os.cpu_count() or 1) // local)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    torch.set_num_threads(threads)
+    cfg, resume, overrides = job
+    quiet = world_rank != 0
+    log = (lambda msg: None) if quiet else print
+    if quiet:
+        overrides = [*overrides, "progress=false"]
+        if cfg is not None:
+            cfg = apply_overrides(cfg, ["progress=false"])
+    if resume:
+        run_dir, metrics = resume_run(resume, overrides, log=log)
+    else:
+        run_dir, metrics = train_run(cfg, log=log)
+    if not quiet:
+        print(summary(run_dir, metrics))
+
+
+def _join_torchrun(job: tuple) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    cfg = job[0]
+    backend = "nccl" if cfg is not None and cfg.backend == "cuda" else "gloo"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend)
+    try:
+        _train_rank(local_rank, rank, world, job)
+    finally:
+        dist.destroy_process_group()

@@ -25,6 +25,7 @@ STRATEGIES = ("default", "mcmc")
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 INITS = ("auto", "points", "random")
+PARALLEL_MODES = ("none", "data")
 # A field set to AUTO takes the value of its strategy (see TrainConfig.resolved); its
 # values per strategy (default, mcmc): 3DGS's for default, 3DGS-MCMC's (Kheradmand et al.
 # 2024, as gsplat's MCMC recipe) for mcmc.
@@ -76,6 +77,14 @@ class TrainConfig:
     steps: int = _f(3000, "number of optimisation steps", "run")
     batch_size: int = _f(
         1, "cameras per step; learning rates scale by sqrt(batch_size) as in gsplat", "run"
+    )
+    parallel: str = _f(
+        "none",
+        "training across processes (tilesplat train --nproc N, or torchrun): none, or data "
+        "(every rank holds all Gaussians and renders batch_size / ranks cameras of each "
+        "step; gradients all-reduced; docs/distributed.md)",
+        "run",
+        choices=PARALLEL_MODES,
     )
     checkpoint_every: int = _f(1000, "write a checkpoint every n steps (0: only at the end)", "run")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (>= 1)", "run")

@@ -28,6 +28,7 @@ from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints,
 from .config import TrainConfig, apply_overrides, save_config
 from .evaluate import evaluate
 from .metrics import make_lpips
+from .parallel import DataParallel
 from .plots import save_curve
 from .trainer import Trainer, checkpoint_config
 
@@ -150,14 +151,27 @@ def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
 def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]:
     """Train a new run from ``cfg``; returns (run folder, metrics)."""
     cfg.validate()
-    run_dir = new_run_dir(cfg)
-    dataset = load_scene(cfg, log)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.toml")
+    par = DataParallel.current() if cfg.parallel == "data" else None
+    if par is None:
+        run_dir = new_run_dir(cfg)
+        dataset = load_scene(cfg, log)
+    else:  # rank 0 names the folder and writes the built-in scene's cache first
+        run_dir = Path(par.from_rank0(str(new_run_dir(cfg)) if par.rank == 0 else None))
+        if par.rank == 0:
+            dataset = load_scene(cfg, log)
+        par.barrier()
+        if par.rank != 0:
+            dataset = load_scene(cfg, log)
+    writes = par is None or par.rank == 0
+    if writes:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
     log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
     trainer = Trainer(cfg, dataset, run_dir, log=log)
     log(f"{len(trainer.params['means'])} initial Gaussians, {cfg.steps} steps")
     trainer.train()
+    if not writes:
+        return run_dir, {}
     metrics = write_outputs(
         run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
     )
@@ -178,11 +192,15 @@ def resume_run(
     cfg = checkpoint_config(ckpt)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
-        save_config(cfg, run_dir / "config.toml")
+        par = DataParallel.current() if cfg.parallel == "data" else None
+        if par is None or par.rank == 0:
+            save_config(cfg, run_dir / "config.toml")
     dataset = load_scene(cfg, log)
     trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
     log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
     trainer.train()
+    if not trainer.writes:
+        return run_dir, {}
     metrics = write_outputs(
         run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
     )

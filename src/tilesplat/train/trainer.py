@@ -25,6 +25,7 @@ from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .init import init_params, random_points, visible_half_width
 from .metrics import psnr
+from .parallel import DataParallel
 from .progress import Progress
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
@@ -161,6 +162,11 @@ class Trainer:
             self._load_state(checkpoint)
         self.strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
+        self.parallel = DataParallel.current() if cfg.parallel == "data" else None
+        if self.parallel is not None:
+            self.parallel.check_batch(cfg.batch_size)
+            if cfg.packed:
+                raise ValueError("parallel = 'data' renders unpacked: set packed = false")
 
     # --- state ---------------------------------------------------------------------------
 
@@ -194,8 +200,16 @@ class Trainer:
         self.elapsed = float(ckpt["elapsed"])
         torch.set_rng_state(ckpt["rng"])
 
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files (rank 0 of a data-parallel job)."""
+        return self.parallel is None or self.parallel.rank == 0
+
     def save_checkpoint(self) -> Path:
-        """Write the checkpoint of the current step and the history; keep the newest few."""
+        """Write the checkpoint of the current step and the history; keep the newest few
+        (other ranks of a data-parallel job write nothing: they hold the same state)."""
+        if not self.writes:
+            return checkpoint_path(self.run_dir, self.step)
         path = save_checkpoint(checkpoint_path(self.run_dir, self.step), self.state_dict())
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         self._write_history()
@@ -217,7 +231,11 @@ class Trainer:
     def train_step(self, step: int) -> tuple[float, float]:
         """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
         cfg = self.cfg
-        frames = [self.dataset.train[i] for i in self.batch_indices(step)]
+        indices = self.batch_indices(step)
+        par = self.parallel
+        if par is not None:
+            indices = par.my_slice(indices)
+        frames = [self.dataset.train[i] for i in indices]
         batch = make_batch(frames, self.background, cfg.random_background)
         res = optimization_step(
             self.params,
@@ -230,7 +248,13 @@ class Trainer:
             before_backward=lambda info: self.strategy.step_pre_backward(
                 self.params, self.optimizers, self.strategy_state, step, info
             ),
+            after_backward=None if par is None else lambda info: par.reduce_gradients(
+                self.params
+            ),
         )
+        if par is not None:  # densify on every rank's cameras, identically on every rank
+            res.info = par.gather_info(res.info, getattr(self.strategy, "key_for_gradient",
+                                                         "means2d"))
         # the hooks take gsplat's arguments, as its simple_trainer.py passes them
         if isinstance(self.strategy, MCMCStrategy):
             self.strategy.step_post_backward(
@@ -242,6 +266,8 @@ class Trainer:
                 self.params, self.optimizers, self.strategy_state, step, res.info,
                 packed=cfg.packed,
             )
+        if par is not None:
+            par.check_in_sync(self.params, step)
         return float(res.loss), psnr(res.colors.clamp(0.0, 1.0), batch.target)
 
     # --- the loop ------------------------------------------------------------------------
