@@ -126,7 +126,7 @@ def _reference_backend():
 def test_default_strategy_in_a_gsplat_loop(packed, visible_adam):
     strategy = DefaultStrategy(refine_start_iter=5, refine_every=10, grow_grad2d=2e-5,
                                prune_opa=0.02, verbose=False)
-    losses, counts, state = _train(strategy, 40, packed, visible_adam)
+    losses, counts, state = _train(strategy, 32, packed, visible_adam)
     assert counts[-1] != counts[0]  # it densified and / or pruned
     assert max(counts) > counts[0]
     assert state["grad2d"].shape == (counts[-1],)
@@ -141,7 +141,7 @@ def test_mcmc_strategy_in_a_gsplat_loop():
     assert sum(losses[-6:]) < sum(losses[:6])
 
 
-def _image_fit(model_type: str, iterations: int = 60, num_points: int = 150):
+def _image_fit(model_type: str, iterations: int = 40, num_points: int = 150):
     """Fit random Gaussians in front of a camera to a small image (the image_fitting idea)."""
     torch.manual_seed(0)
     yy, xx = torch.meshgrid(torch.linspace(0, 1, H), torch.linspace(0, 1, W), indexing="ij")
