@@ -105,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         if args.images:
             if args.data:
                 raise ValueError("give --images (photos) or --data (a dataset), not both")
+            if _torchrun_world() > 1:  # every rank would run SfM into one folder
+                raise ValueError("--images under torchrun: run tilesplat prepare IMAGES OUT "
+                                 "once, then train --data OUT")
             cfg = prepare_images(cfg, args.images)
         if (args.nproc > 1 or _torchrun_world() > 1) and cfg.parallel == "none":
             cfg = apply_overrides(cfg, ["parallel=data"])
