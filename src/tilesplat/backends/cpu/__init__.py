@@ -9,7 +9,16 @@ output buffers with NaN before the kernels run (a test mode; see ``_common``).
 """
 
 from ..registry import DiffOp, register
-from . import covariance, intersect, projection, projection_bwd, rasterize_bwd, rasterize_fwd, sh
+from . import (
+    covariance,
+    intersect,
+    projection,
+    projection_bwd,
+    rasterize_2dgs_bwd,
+    rasterize_bwd,
+    rasterize_fwd,
+    sh,
+)
 
 register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
 register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection_bwd.backward))
@@ -17,3 +26,4 @@ register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cpu", intersect.isect_tiles)
 register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))
+register("rasterize_to_pixels_2dgs", "cpu", rasterize_2dgs_bwd.rasterize)
