@@ -25,8 +25,6 @@ function (the reference is differentiable by autograd), so this backend register
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from numba import njit
@@ -41,9 +39,9 @@ from .rasterize_2dgs_fwd import (
     R_B,
     R_COLOR,
     R_NRM,
-    R_OP,
     forward,
     gather_surfels,
+    surfel_alpha,
 )
 from .rasterize_2dgs_fwd import surfel_pair as pair
 from .rasterize_bwd import group_by_gaussian, reduce_backgrounds
@@ -72,11 +70,8 @@ def pixel_backward(loc, k0, x, y, last, med, t_final, wd_total, tail, v_c, v_n, 
     b_wd = 0.0  # sum of w d behind
     for j in range(last - k0, -1, -1):
         ok, sigma, px, py, dx, dy, s_u, s_v, cz, pick = pair(loc, j, x, y)
-        op = loc[j, R_OP]
-        ge = math.exp(-sigma)
-        ar = op * ge
-        alpha = min(one * ALPHA_CLAMP, ar)
-        if not ok or sigma < 0 or alpha < one * ALPHA_SKIP:
+        ge, ar, alpha = surfel_alpha(loc, j, sigma, one)
+        if not ok or sigma < 0.0 or alpha < like(one, ALPHA_SKIP):
             continue
         t_k = trans / (one - alpha)
         w = np.float64(alpha * t_k)
@@ -95,8 +90,8 @@ def pixel_backward(loc, k0, x, y, last, med, t_final, wd_total, tail, v_c, v_n, 
             v_depth += v_med
         rows[j, V_COLOR + n_ch - 1] += v_depth
         v_alpha = np.float64(t_k) * q - (behind + tail) / (1.0 - np.float64(alpha))
-        if ar <= one * ALPHA_CLAMP:  # alpha = min(0.999, op G): no gradient where clamped
-            rows[j, V_OP] += v_alpha * ge
+        if ar <= like(one, ALPHA_CLAMP):  # alpha = min(0.999, op G): no gradient where clamped
+            rows[j, V_OP] += v_alpha * np.float64(ge)
             v_g = -0.5 * v_alpha * np.float64(ar)  # sigma = g / 2
             v_s2 = v_g * pick
             v_lp = v_g - v_s2
@@ -144,7 +139,7 @@ def backward_kernel(first, step, means2d, rays, colors, opacities, normals, dens
     has_bg = backgrounds.shape[0] > 0
     has_mask = masks.shape[0] > 0
     offs = offsets.reshape(n_tiles)
-    loc = np.empty((max_len, R_COLOR + n_ch), means2d.dtype)
+    loc = np.empty((max_len, R_COLOR + n_ch), np.float64)
     rows = np.empty((max_len, part.shape[1]), np.float64)
     v_c = np.empty(n_ch, np.float64)
     v_n = np.empty(3, np.float64)

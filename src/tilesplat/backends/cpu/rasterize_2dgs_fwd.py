@@ -7,10 +7,14 @@ distortion and the median depth (the depth is the last colour channel).
 Work is split by tile over threads (``_common.parallel_for``); a tile's surfels are copied once
 into contiguous rows with the three per-surfel cross products of the reference
 (``h_u x h_v = p_x (M_v x M_w) + p_y (M_w x M_u) + M_u x M_v``), then each pixel walks the rows
-front to back. The per-pixel state is a scalar loop (not vectorised yet): it carries the
-distortion's running sums, and the reference's own float order of the sigma arithmetic is
-kept so that skip / stop decisions are the reference's. Colour, normal and depth sums run in
-float64; the result is rounded once.
+front to back, a scalar loop (not vectorised yet) that carries the distortion's running sums.
+
+The ray-plane intersection runs in float64 whatever the data's type: in float32 it is
+ill-conditioned (h_u x h_v cancels for surfels seen near edge-on; one ulp of a cross moved
+sigma by 1e-3 on a 3000-surfel scene, and the float32 reference is itself up to ~1e-4 off in
+its outputs and ~1e-3 relative in its gradients there). sigma is then rounded to the data's
+type and alpha, skip and stop are computed in it, as the reference does. Colour, normal and
+depth sums run in float64; each result is rounded once.
 
 For the backward, the forward keeps per pixel (``extra``): the final transmittance as the loop
 computed it, the last contributing intersection, the median's intersection and the float64 sum
@@ -45,8 +49,8 @@ R_COLOR = 17
 def gather_surfels(means2d, rays, colors, opacities, normals, densify, flatten_ids, start, end,
                    loc):
     """Copies the surfels of intersections start..end-1 into rows j = k - start of loc
-    [>= n, R_COLOR + D]: mean, opacity, the crosses a = M_v x M_w, b = M_w x M_u, c = M_u x M_v
-    (as the reference computes them), normal, densify, colour."""
+    [>= n, R_COLOR + D] float64: mean, opacity, the crosses a = M_v x M_w, b = M_w x M_u,
+    c = M_u x M_v (in float64), normal, densify, colour."""
     for j in range(end - start):
         g = flatten_ids[start + j]
         loc[j, R_MX] = means2d[g, 0]
@@ -56,8 +60,8 @@ def gather_surfels(means2d, rays, colors, opacities, normals, densify, flatten_i
             r0 = (col + 1) % 3
             r1 = (col + 2) % 3
             for i in range(3):
-                u = rays[g, r0, (i + 1) % 3] * rays[g, r1, (i + 2) % 3]
-                v = rays[g, r0, (i + 2) % 3] * rays[g, r1, (i + 1) % 3]
+                u = np.float64(rays[g, r0, (i + 1) % 3]) * np.float64(rays[g, r1, (i + 2) % 3])
+                v = np.float64(rays[g, r0, (i + 2) % 3]) * np.float64(rays[g, r1, (i + 1) % 3])
                 loc[j, R_A + 3 * col + i] = u - v
         for i in range(3):
             loc[j, R_NRM + i] = normals[g, i]
@@ -70,10 +74,10 @@ def gather_surfels(means2d, rays, colors, opacities, normals, densify, flatten_i
 
 @njit(cache=True, inline="always", error_model="numpy")
 def surfel_pair(loc, j, x, y):
-    """Row j of a tile at pixel (x, y) (integers): (ok, sigma, px, py, dx, dy, s_u, s_v, c_z,
-    pick) with p the shifted pixel centre, d = mean - p, s the ray-plane intersection; ok False
-    where the ray is parallel to the surfel; pick the 3D term's share of the min (1, 0.5 on a
-    tie as torch.minimum's gradient, 0)."""
+    """Row j of a tile at pixel (x, y) (integers), in float64: (ok, sigma, px, py, dx, dy, s_u,
+    s_v, c_z, pick) with p the shifted pixel centre, d = mean - p, s the ray-plane
+    intersection; ok False where the ray is parallel to the surfel; pick the 3D term's share
+    of the min (1, 0.5 on a tie as torch.minimum's gradient, 0)."""
     f = loc[j, R_MX]
     half = like(f, PIXEL_CENTER)
     px = (like(f, x) + half) - loc[j, R_DENS]
@@ -95,6 +99,15 @@ def surfel_pair(loc, j, x, y):
     return ok, sigma, px, py, dx, dy, s_u, s_v, czs, pick
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def surfel_alpha(loc, j, sigma, one):
+    """(G = exp(-sigma), opacity G, alpha) of row j in the data's type (that of ``one``):
+    sigma is rounded to it, so alpha and the decisions on it are computed as the reference's."""
+    ge = math.exp(-like(one, sigma))
+    ar = like(one, loc[j, R_OP]) * ge
+    return ge, ar, min(like(one, ALPHA_CLAMP), ar)
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def forward_kernel(first, step, means2d, rays, colors, opacities, normals, densify, backgrounds,
                    masks, width, height, tile_size, offsets, flatten_ids, max_len, out_colors,
@@ -110,7 +123,7 @@ def forward_kernel(first, step, means2d, rays, colors, opacities, normals, densi
     has_mask = masks.shape[0] > 0
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
-    loc = np.empty((max_len, R_COLOR + n_ch), dt)
+    loc = np.empty((max_len, R_COLOR + n_ch), np.float64)
     acc_c = np.empty(n_ch, np.float64)
     acc_n = np.empty(3, np.float64)
     one = np.ones(1, dt)[0]
@@ -139,8 +152,8 @@ def forward_kernel(first, step, means2d, rays, colors, opacities, normals, densi
                 med_id = -1
                 for j in range(n_k):
                     ok, sigma, _, _, _, _, _, _, _, _ = surfel_pair(loc, j, x, y)
-                    alpha = min(like(trans, ALPHA_CLAMP), loc[j, R_OP] * math.exp(-sigma))
-                    if not ok or sigma < like(trans, 0.0) or alpha < like(trans, ALPHA_SKIP):
+                    _, _, alpha = surfel_alpha(loc, j, sigma, one)
+                    if not ok or sigma < 0.0 or alpha < like(one, ALPHA_SKIP):
                         continue
                     t_next = trans * (like(trans, 1.0) - alpha)
                     if t_next <= like(trans, TRANSMITTANCE_STOP):
