@@ -41,6 +41,7 @@ from .rasterize_2dgs_fwd import (
     R_NRM,
     forward,
     gather_surfels,
+    outside,
     surfel_alpha,
 )
 from .rasterize_2dgs_fwd import surfel_pair as pair
@@ -69,6 +70,8 @@ def pixel_backward(loc, k0, x, y, last, med, t_final, wd_total, tail, v_c, v_n, 
     r_w = 0.0  # sum of w behind
     b_wd = 0.0  # sum of w d behind
     for j in range(last - k0, -1, -1):
+        if outside(loc, j, x, y):
+            continue
         ok, sigma, px, py, dx, dy, s_u, s_v, cz, pick = pair(loc, j, x, y)
         ge, ar, alpha = surfel_alpha(loc, j, sigma, one)
         if not ok or sigma < 0.0 or alpha < like(one, ALPHA_SKIP):

@@ -38,11 +38,61 @@ from .cull import max_tile_len
 FILTER_INV_SQUARE = 2.0  # gsplat's weight of the 2D low-pass term (the reference's)
 MEDIAN_T = 0.5  # the median depth is the last contributor's reached while T > MEDIAN_T
 # columns of a tile row (``gather_surfels``); colours follow from R_COLOR
-R_MX, R_MY, R_OP, R_A, R_B, R_C, R_NRM, R_DENS = 0, 1, 2, 3, 6, 9, 12, 15
-R_COLOR = 17
+R_MX, R_MY, R_OP, R_A, R_B, R_C, R_NRM, R_DENS, R_BOX = 0, 1, 2, 3, 6, 9, 12, 15, 17
+R_COLOR = 21
+# The reach box (``reach_box``) is made conservative: the sigma threshold is inflated by
+# TAU_SLACK (relative and absolute), the box by MARGIN_PX, and a surfel whose disc of reach
+# comes within HORIZON_SLACK of the line its plane maps to infinity gets no box.
+TAU_SLACK = 0.02
+MARGIN_PX = 1.0
+HORIZON_SLACK = 0.01
 
 # ---------------------------------------------------------------------------------------------
 # kernels
+
+
+@njit(cache=True, error_model="numpy")
+def reach_box(rays, g, mx, my, op, box):
+    """box [4]: x_min, x_max, y_min, y_max of the shifted pixel centres p where surfel g
+    (mean mx, my; opacity op) can reach alpha >= ALPHA_SKIP, i.e. sigma <= tau =
+    ln(op / ALPHA_SKIP): the union of the low-pass disc |mean - p|^2 <= tau and the image of
+    the surfel's disc |s|^2 <= 2 tau under its ray transform M. That image is the box of a
+    conic, as the projection's screen box of the unit circle (scaled by r^2 = 2 tau in
+    M's first two columns); it is bounded only while the disc stays off the line M_w . (u, v,
+    1) = 0, else the box is infinite. A pair outside the box cannot contribute."""
+    inf = math.inf
+    if op * (1.0 + TAU_SLACK) < ALPHA_SKIP:
+        box[0], box[1], box[2], box[3] = inf, -inf, inf, -inf
+        return
+    tau = max(math.log(op / ALPHA_SKIP), 0.0) * (1.0 + TAU_SLACK) + TAU_SLACK
+    r2 = 2.0 * tau
+    w0 = np.float64(rays[g, 2, 0])
+    w1 = np.float64(rays[g, 2, 1])
+    w2 = np.float64(rays[g, 2, 2])
+    dist = r2 * (w0 * w0 + w1 * w1) - w2 * w2
+    if not dist < -HORIZON_SLACK * w2 * w2:
+        box[0], box[1], box[2], box[3] = -inf, inf, -inf, inf
+        return
+    e = math.sqrt(tau) + MARGIN_PX
+    box[0], box[1], box[2], box[3] = mx - e, mx + e, my - e, my + e
+    for r in range(2):
+        u0 = np.float64(rays[g, r, 0])
+        u1 = np.float64(rays[g, r, 1])
+        u2 = np.float64(rays[g, r, 2])
+        centre = (r2 * (u0 * w0 + u1 * w1) - u2 * w2) / dist
+        second = (r2 * (u0 * u0 + u1 * u1) - u2 * u2) / dist
+        half = math.sqrt(max(centre * centre - second, 0.0)) + MARGIN_PX
+        box[2 * r] = min(box[2 * r], centre - half)
+        box[2 * r + 1] = max(box[2 * r + 1], centre + half)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def outside(loc, j, x, y):
+    """Whether pixel (x, y) is outside row j's reach box (the pair cannot contribute)."""
+    px = (np.float64(x) + PIXEL_CENTER) - loc[j, R_DENS]
+    py = (np.float64(y) + PIXEL_CENTER) - loc[j, R_DENS + 1]
+    return ((px < loc[j, R_BOX]) | (px > loc[j, R_BOX + 1]) | (py < loc[j, R_BOX + 2])
+            | (py > loc[j, R_BOX + 3]))
 
 
 @njit(cache=True, error_model="numpy")
@@ -50,7 +100,7 @@ def gather_surfels(means2d, rays, colors, opacities, normals, densify, flatten_i
                    loc):
     """Copies the surfels of intersections start..end-1 into rows j = k - start of loc
     [>= n, R_COLOR + D] float64: mean, opacity, the crosses a = M_v x M_w, b = M_w x M_u,
-    c = M_u x M_v (in float64), normal, densify, colour."""
+    c = M_u x M_v (in float64), normal, densify, reach box, colour."""
     for j in range(end - start):
         g = flatten_ids[start + j]
         loc[j, R_MX] = means2d[g, 0]
@@ -69,6 +119,7 @@ def gather_surfels(means2d, rays, colors, opacities, normals, densify, flatten_i
         loc[j, R_DENS + 1] = densify[g, 1]
         for d in range(colors.shape[1]):
             loc[j, R_COLOR + d] = colors[g, d]
+        reach_box(rays, g, loc[j, R_MX], loc[j, R_MY], loc[j, R_OP], loc[j, R_BOX:R_BOX + 4])
     return end - start
 
 
@@ -151,6 +202,8 @@ def forward_kernel(first, step, means2d, rays, colors, opacities, normals, densi
                 last = -1
                 med_id = -1
                 for j in range(n_k):
+                    if outside(loc, j, x, y):
+                        continue
                     ok, sigma, _, _, _, _, _, _, _, _ = surfel_pair(loc, j, x, y)
                     _, _, alpha = surfel_alpha(loc, j, sigma, one)
                     if not ok or sigma < 0.0 or alpha < like(one, ALPHA_SKIP):
