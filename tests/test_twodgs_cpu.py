@@ -105,13 +105,25 @@ def test_matches_reference(dtype, extras):
     assert (counts == 0).any() and counts.max() > 10  # empty tiles and busy ones
     bg = masks = None
     if extras:
-        bg = torch.rand(2, 4, dtype=dtype, generator=torch.Generator().manual_seed(2))
+        g = torch.Generator().manual_seed(2)
+        bg = torch.rand(2, 4, dtype=dtype, generator=g)
         masks = torch.ones(offsets.shape, dtype=torch.bool)
         masks[0, 1, 1] = masks[1, 2, 0] = False
+        inputs[5] = torch.randn(inputs[5].shape, dtype=dtype, generator=g)  # shifted surfels
     got, want = _compare(inputs, bg, masks, W, H, tile, offsets, flatten_ids, dtype)
     alphas, median = want[0][1].detach(), want[0][4].detach()
     assert float(alphas.max()) > 0.5 and float(median.max()) > 1.0  # covered pixels
     assert float(want[1][6 if extras else 0].abs().sum()) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_surfels_near_the_camera(dtype):
+    """Surfels as wide as the view, some edge-on or crossing the plane of the camera: their
+    reach is unbounded (no box) or long and thin, and nothing that contributes is skipped."""
+    W, H, tile = 23, 19, 8
+    inputs, offsets, flatten_ids = _scene(12, W, H, tile, dtype, C=1, seed=9, spread=1.2,
+                                          scale=2.0)
+    _compare(inputs, None, None, W, H, tile, offsets, flatten_ids, dtype)
 
 
 def test_zero_surfels_give_the_background():
