@@ -73,7 +73,9 @@ def main() -> None:
                 if mode == "splats":
                     for _ in range(20):  # the browser sorts and uploads splats asynchronously
                         time.sleep(1.0)
-                        image = client.get_render(height, args.width, timeout=120)
+                        image = client.get_render(
+                            height, args.width, wxyz=wxyz, position=position, timeout=120
+                        )
                     _save(image, out / "viewer_splats.png")
                     continue
                 for view in ("RGB", "depth"):

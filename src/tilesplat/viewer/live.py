@@ -50,6 +50,7 @@ class LiveViewer:
         self.server.scene.set_up_direction("-y")
         self.has_clients = False  # the trainer's fast path reads only this
         self.paused = threading.Event()
+        self.holding = threading.Event()  # set while the trainer waits at the pause
         self.pushes = 0  # models sent to browsers
         self.pushed_step = -1
         self.step = -1  # the newest step seen while a browser was connected or paused
@@ -113,8 +114,11 @@ class LiveViewer:
             self._last_push = now
             self._mail = (step, gaussians_from_params(params))
             self._mail_ready.set()
-        while self.paused.is_set() and not stop() and not self._stop.is_set():
-            time.sleep(0.1)
+        if self.paused.is_set():
+            self.holding.set()
+            while self.paused.is_set() and not stop() and not self._stop.is_set():
+                time.sleep(0.1)
+            self.holding.clear()
 
     def _send_loop(self) -> None:
         while not self._stop.is_set():
