@@ -129,6 +129,7 @@ def test_live_view_without_a_browser_touches_nothing(monkeypatch):
         per_call = (time.perf_counter() - t0) / 10_000
         assert per_call < 20e-6, per_call  # one attribute read and one Event check
         assert viewer.pushes == 0 and viewer.step == -1
+        assert viewer.server.get_host() == "127.0.0.1"  # loopback unless told otherwise
     finally:
         viewer.close()
 
@@ -157,3 +158,14 @@ def test_viewer_port_is_a_checked_config_key():
     assert apply_overrides(TrainConfig(), ["viewer_port=8080"]).viewer_port == 8080
     with pytest.raises(ValueError, match="viewer_port must be in 0..65535"):
         apply_overrides(TrainConfig(), ["viewer_port=70000"])
+
+
+def test_loopback_by_default_and_never_a_share_tunnel():
+    from pathlib import Path
+
+    from tilesplat.cli import build_parser
+
+    assert build_parser().parse_args(["view", "m.ply"]).host == "127.0.0.1"
+    src = Path(__file__).resolve().parents[1] / "src" / "tilesplat" / "viewer"
+    for path in src.glob("*.py"):
+        assert "share_url" not in path.read_text(), f"{path} opens a share tunnel"
