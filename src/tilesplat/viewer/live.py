@@ -129,16 +129,23 @@ class LiveViewer:
             if mail is None:
                 continue
             step, g = mail
-            b = splat_buffers(g)
-            if self._splats is None:
-                self._splats = self.server.scene.add_gaussian_splats(
-                    "/model", b.centers, b.covariances, b.rgbs, b.opacities
-                )
-                self._aim_cameras(g)
-            else:
-                self._splats.set_gaussians(b.centers, b.covariances, b.rgbs, b.opacities)
+            try:
+                self._send(g)
+            except Exception as exc:  # keep serving: the next push may well go through
+                self.status.content = f"sending the model failed: {type(exc).__name__}: {exc}"
+                continue
             self.pushed_step = step
             self.pushes += 1
+
+    def _send(self, g: Gaussians) -> None:
+        b = splat_buffers(g)
+        if self._splats is None:
+            self._splats = self.server.scene.add_gaussian_splats(
+                "/model", b.centers, b.covariances, b.rgbs, b.opacities
+            )
+            self._aim_cameras(g)
+        else:
+            self._splats.set_gaussians(b.centers, b.covariances, b.rgbs, b.opacities)
 
     def _aim_cameras(self, g: Gaussians) -> None:
         """Point the browsers (and Reset View) at the first model pushed."""
