@@ -155,7 +155,8 @@ class ViewServer:
             gui.add_markdown(f"**{n} Gaussians**, drawn by the browser (base colour only)")
             return
         self.view_mode = gui.add_dropdown("view", VIEW_MODES, initial_value="RGB")
-        self.max_side = gui.add_slider("resolution", 64, 2048, 32, int(max_side))
+        side = int(max_side)  # the slider's range always holds the starting value
+        self.max_side = gui.add_slider("resolution", min(64, side), max(2048, side), 16, side)
         self.backend = gui.add_dropdown("backend", BACKENDS, initial_value=backend)
         self.stats = gui.add_markdown(f"**{n} Gaussians**, rendered by tilesplat")
         for handle in (self.view_mode, self.max_side, self.backend):
