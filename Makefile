@@ -19,7 +19,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# Debian's Chromium for the viewer's browser tests: installed as root; without root, one line
+# says what to install (the browser tests then fail with the same advice).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium for the browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "the browser tests need Debian's chromium: sudo apt-get install -y chromium"; fi
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q
 
