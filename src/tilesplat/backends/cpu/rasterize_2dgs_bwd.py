@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit
+from torch.autograd.function import once_differentiable
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..scalar_math import like
@@ -302,6 +303,7 @@ class _RasterizeToPixels2DGS(torch.autograd.Function):
         return outs
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, *v_outs):
         saved = ctx.saved_tensors
         inputs, (isect_offsets, flatten_ids), extra = saved[:8], saved[8:10], saved[10:]
