@@ -132,7 +132,8 @@ def test_spz_large_coordinates_use_fewer_fractional_bits(tmp_path):
 
 
 def _spz_bytes(header: tuple, body: bytes = b"") -> bytes:
-    return gzip.compress(HEADER.pack(*header) + body)
+    # mtime=0: the same bytes in every process (pytest-xdist workers must collect the same ids)
+    return gzip.compress(HEADER.pack(*header) + body, mtime=0)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +142,7 @@ def _spz_bytes(header: tuple, body: bytes = b"") -> bytes:
         (b"", "gzip"),
         (b"NGSP not compressed", "gzip"),
         (b"\x1f\x8b\x08\x00garbage-garbage", "corrupt gzip"),
-        (gzip.compress(b"short"), "no complete 16-byte header"),
+        (gzip.compress(b"short", mtime=0), "no complete 16-byte header"),
         (_spz_bytes((0x12345678, 3, 1, 0, 12, 0, 0)), "magic"),
         (_spz_bytes((MAGIC, 1, 1, 0, 12, 0, 0)), "version 1 is not supported"),
         (_spz_bytes((MAGIC, 7, 1, 0, 12, 0, 0)), "version 7 is not supported"),
@@ -152,6 +153,7 @@ def _spz_bytes(header: tuple, body: bytes = b"") -> bytes:
         (_spz_bytes((MAGIC, 3, 4_000_000_000, 0, 12, 0, 0)), "more than"),
         (_spz_bytes((MAGIC, 3, 2, 0, 12, 0, 0), bytes(20)), "truncated .spz"),
     ],
+    ids=lambda v: v if isinstance(v, str) else "bytes",
 )
 def test_spz_rejects_malformed_files(tmp_path, data, message):
     path = tmp_path / "bad.spz"
