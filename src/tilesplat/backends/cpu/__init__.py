@@ -13,6 +13,7 @@ from . import (
     covariance,
     intersect,
     projection,
+    projection_2dgs,
     projection_bwd,
     rasterize_2dgs_bwd,
     rasterize_bwd,
@@ -26,4 +27,5 @@ register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cpu", intersect.isect_tiles)
 register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))
+register("fully_fused_projection_2dgs", "cpu", projection_2dgs.project)
 register("rasterize_to_pixels_2dgs", "cpu", rasterize_2dgs_bwd.rasterize)
