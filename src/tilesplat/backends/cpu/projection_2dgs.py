@@ -7,7 +7,8 @@ Surfels in fixed chunks of ``CHUNK`` per work item (``_common.parallel_for``); e
 float64 and rounds its outputs once. The backward recomputes the forward per (camera, surfel)
 and sums each surfel's cameras in order; each chunk writes its share of the camera gradients
 (``v_viewmats``, ``v_Ks``), summed chunk by chunk afterwards, so the result does not depend on
-the number of threads. ``rasterize_2dgs_bwd`` has the autograd wiring of the op.
+the number of threads. The op is registered as a differentiable callable (:func:`project`,
+a ``torch.autograd.Function``), as the reference is differentiable by autograd.
 """
 
 from __future__ import annotations
