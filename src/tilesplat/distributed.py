@@ -3,8 +3,9 @@ any ``torch.distributed`` backend: gloo on CPUs, NCCL on GPUs.
 
 Every exchange is one ``all_to_all_single`` with split sizes. gloo rejects ``all_to_all``
 and ``all_gather`` whose pieces differ in size ("invalid tensor size"), while
-``all_to_all_single`` takes uneven and zero splits on both backends, and its autograd form
-(``torch.distributed.nn.functional.all_to_all_single``) routes gradients back. So:
+``all_to_all_single`` takes uneven and zero splits on both backends; its backward is the
+same exchange with the splits swapped (``_AllToAllRows``; torch's deprecated autograd
+wrapper in ``torch.distributed.nn`` made a rank abort at exit about one run in three). So:
 
 - a gather of ``n_r`` rows from each rank ``r`` is an all-to-all in which every rank sends
   its rows to every rank (input split sizes ``[n_self] * world_size``, output split sizes
@@ -48,16 +49,33 @@ def _check_world(world_size: int) -> None:
         )
 
 
+def _all_to_all_rows(data: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
+    out = data.new_empty((sum(out_splits), *data.shape[1:]))
+    dist.all_to_all_single(out, data.contiguous(), out_splits, in_splits)
+    return out
+
+
+class _AllToAllRows(torch.autograd.Function):
+    """``all_to_all_single`` whose backward sends the gradients back the way the rows came
+    (the same collective with the splits swapped), on the thread that runs the backward."""
+
+    @staticmethod
+    def forward(ctx, data, out_splits, in_splits):
+        ctx.splits = (out_splits, in_splits)
+        return _all_to_all_rows(data, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _all_to_all_rows(grad.contiguous(), in_splits, out_splits), None, None
+
+
 def _exchange(data: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
     """``all_to_all_single`` of the rows of ``data`` [n, F]: rows ``in_splits[r]`` go to rank
     r; returns [sum(out_splits), F]. Differentiable when ``data`` requires a gradient."""
-    out = data.new_empty((sum(out_splits), *data.shape[1:]))
     if data.requires_grad:
-        from torch.distributed.nn.functional import all_to_all_single
-
-        return all_to_all_single(out, data.contiguous(), out_splits, in_splits)
-    dist.all_to_all_single(out, data.contiguous(), out_splits, in_splits)
-    return out
+        return _AllToAllRows.apply(data, list(out_splits), list(in_splits))
+    return _all_to_all_rows(data, out_splits, in_splits)
 
 
 def _int_tensor(value: int | Tensor, device: torch.device | None, what: str) -> Tensor:
