@@ -277,6 +277,31 @@ def launch_local(world_size: int, fn: Callable, args: Any, backend: str = "gloo"
             process.join()
 
 
+def torchrun_world_size() -> int:
+    """The world size of the torchrun job this process belongs to (``WORLD_SIZE`` with
+    ``RANK`` set), else 0."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return 0
+
+
+def join_torchrun(fn: Callable, args: Any, backend: str) -> None:
+    """Runs ``fn(local_rank, world_rank, world_size, args)`` as this process's rank of a
+    torchrun job, in a ``backend`` process group (none for a job of one)."""
+    world_size = int(os.environ["WORLD_SIZE"])
+    world_rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", world_rank))
+    if world_size > 1:
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend)
+    try:
+        fn(local_rank, world_rank, world_size, args)
+    finally:
+        if world_size > 1:
+            dist.destroy_process_group()
+
+
 def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
     """Runs ``fn(local_rank, world_rank, world_size, args)`` on every local rank, as gsplat's
     ``cli``: one process per visible GPU with NCCL, or (tilesplat's addition, no GPU) as many
@@ -284,20 +309,8 @@ def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
     ``torchrun`` (``WORLD_SIZE`` and ``RANK`` set) it runs this process's rank of the job.
     A rank that raises ends the job: the other ranks are terminated and the first error
     raised, naming its rank, is raised here as a RuntimeError."""
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:  # torchrun / several machines
-        world_size = int(os.environ["WORLD_SIZE"])
-        world_rank = int(os.environ["RANK"])
-        local_rank = int(os.environ.get("LOCAL_RANK", world_rank))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if world_size > 1:
-            if backend == "nccl":
-                torch.cuda.set_device(local_rank)
-            dist.init_process_group(backend)
-        try:
-            fn(local_rank, world_rank, world_size, args)
-        finally:
-            if world_size > 1:
-                dist.destroy_process_group()
+    if torchrun_world_size() > 0:  # torchrun / several machines
+        join_torchrun(fn, args, "nccl" if torch.cuda.is_available() else "gloo")
         return True
     if torch.cuda.is_available():
         world_size, backend = torch.cuda.device_count(), "nccl"

@@ -130,9 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _torchrun_world() -> int:
-    import os
+    from ..distributed import torchrun_world_size
 
-    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+    return max(1, torchrun_world_size())
 
 
 def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -> None:
@@ -166,19 +166,8 @@ def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -
 
 
 def _join_torchrun(job: tuple) -> None:
-    import os
-
-    import torch
-    import torch.distributed as dist
+    from ..distributed import join_torchrun
 
     cfg = job[0]
-    backend = "nccl" if cfg is not None and cfg.backend == "cuda" else "gloo"
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend)
-    try:
-        _train_rank(local_rank, rank, world, job)
-    finally:
-        dist.destroy_process_group()
+    join_torchrun(_train_rank, job, "nccl" if cfg is not None and cfg.backend == "cuda"
+                  else "gloo")
