@@ -47,6 +47,10 @@ def open_model(target: str | Path) -> Model:
     p = {k: v.detach().float() for k, v in rc.ckpt["params"].items()}
     import torch
 
+    if rc.cfg.model == "2dgs":  # surfels: the third scale flat, as the run's PLY
+        from ..train.twodgs import flatten_scales
+
+        p["scales"] = flatten_scales(p["scales"])
     gaussians = {
         "means": p["means"],
         "quats": p["quats"],

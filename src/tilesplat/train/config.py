@@ -26,6 +26,7 @@ BACKENDS = ("auto", "torch", "cpu", "cuda")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 INITS = ("auto", "points", "random")
 PARALLEL_MODES = ("none", "data")
+MODELS = ("3dgs", "2dgs")
 # A field set to AUTO takes the value of its strategy (see TrainConfig.resolved); its
 # values per strategy (default, mcmc): 3DGS's for default, 3DGS-MCMC's (Kheradmand et al.
 # 2024, as gsplat's MCMC recipe) for mcmc.
@@ -104,6 +105,13 @@ class TrainConfig:
     )
 
     # --- model and initialisation ---
+    model: str = _f(
+        "3dgs",
+        "3dgs (Gaussians) or 2dgs (surfels, Huang et al. 2024, as gsplat's simple_trainer_2dgs: "
+        "flat third scale, rasterization_2dgs, normal and depth renders; docs/training.md)",
+        "model",
+        MODELS,
+    )
     sh_degree: int = _f(3, "highest spherical-harmonics degree of the colours (0-4)", "model")
     sh_degree_interval: int = _f(1000, "raise the SH degree in use every n steps", "model")
     init: str = _f(
@@ -158,6 +166,19 @@ class TrainConfig:
         "render on a random background each step (the target is recomposited when the "
         "images have alpha) to discourage transparency",
         "optim",
+    )
+
+    normal_lambda: float = _f(
+        5e-2, "2dgs: weight of the normal-consistency loss (gsplat's default; 0: off)", "optim"
+    )
+    normal_start: int = _f(
+        7000, "2dgs: first step with the normal-consistency loss (gsplat's default)", "optim"
+    )
+    dist_lambda: float = _f(
+        1e-2, "2dgs: weight of the depth-distortion loss (gsplat's default; 0: off)", "optim"
+    )
+    dist_start: int = _f(
+        3000, "2dgs: first step with the depth-distortion loss (gsplat's default)", "optim"
     )
 
     # --- densification ---
@@ -261,6 +282,8 @@ class TrainConfig:
             "refine_start",
             "refine_stop",
             "pause_refine_after_reset",
+            "normal_start",
+            "dist_start",
         ):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -276,6 +299,8 @@ class TrainConfig:
             "prune_scale3d",
             "noise_lr",
             "near_plane",
+            "normal_lambda",
+            "dist_lambda",
         ):
             need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(0 <= self.sh_degree <= 4, f"sh_degree must be in 0..4, got {self.sh_degree}")
@@ -305,6 +330,10 @@ class TrainConfig:
             0 <= self.viewer_port <= 65535,
             f"viewer_port must be in 0..65535, got {self.viewer_port}",
         )
+        if self.model == "2dgs":
+            from .twodgs import unsupported_with_2dgs
+
+            errors += unsupported_with_2dgs(self)
         if errors:
             raise ValueError("invalid config: " + "; ".join(errors))
         return self

@@ -16,6 +16,7 @@ from ..io.images import write_png
 from .config import TrainConfig
 from .metrics import psnr, ssim_metric
 from .splats import render_splats
+from .twodgs import SurfelRender, render_surfels, write_surfel_renders
 
 
 def render_frame(
@@ -23,6 +24,8 @@ def render_frame(
 ) -> Tensor:
     """The model seen from ``frame``'s camera at the full SH degree: [H, W, 3] in [0, 1]."""
     bg = torch.tensor([list(background)], dtype=torch.float32)
+    if cfg.model == "2dgs":
+        return render_surfel_frame(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
     colors, _, _ = render_splats(
         params,
         frame.viewmat[None].float(),
@@ -34,6 +37,23 @@ def render_frame(
         backgrounds=bg,
     )
     return colors[0].clamp(0.0, 1.0)
+
+
+def render_surfel_frame(
+    params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
+) -> SurfelRender:
+    """A 2DGS model seen from ``frame``'s camera, with normals and expected depth (C = 1)."""
+    return render_surfels(
+        params,
+        frame.viewmat[None].float(),
+        frame.K[None].float(),
+        frame.width,
+        frame.height,
+        cfg,
+        sh_degree=cfg.sh_degree,
+        backgrounds=torch.tensor([list(background)], dtype=torch.float32),
+        expected_depth=True,
+    )
 
 
 def _file_name(frame: Frame, index: int, used: set[str]) -> str:
@@ -60,7 +80,9 @@ def evaluate(
         params: model parameters (see ``splats.py``).
         frames: the views to evaluate.
         background: RGB the images were composited on.
-        out_dir: folder for ``<frame name>.png`` renders (created); None writes nothing.
+        out_dir: folder for ``<frame name>.png`` renders (created); None writes nothing. A
+            2DGS model (``cfg.model``) also writes ``normal/``, ``normal_from_depth/`` and
+            ``depth/`` PNGs of the same names there.
         lpips_fn: an LPIPS scorer from ``metrics.make_lpips``, or None.
 
     Returns:
@@ -77,7 +99,12 @@ def evaluate(
     render_time = 0.0
     for i, frame in enumerate(frames):
         t0 = time.perf_counter()
-        image = render_frame(params, frame, cfg, background)
+        surfels = None
+        if cfg.model == "2dgs":  # also normals and depth, written beside the colours
+            surfels = render_surfel_frame(params, frame, cfg, background)
+            image = surfels.colors[0].clamp(0.0, 1.0)
+        else:
+            image = render_frame(params, frame, cfg, background)
         render_time += time.perf_counter() - t0
         target = frame.image.float()
         view: dict[str, Any] = {
@@ -88,7 +115,10 @@ def evaluate(
         if lpips_fn is not None:
             view["lpips"] = lpips_fn(image, target)
         if folder is not None:
-            write_png(folder / _file_name(frame, i, used), image)
+            name = _file_name(frame, i, used)
+            write_png(folder / name, image)
+            if surfels is not None:
+                write_surfel_renders(folder, name, surfels)
         views.append(view)
     out: dict[str, Any] = {
         key: sum(v[key] for v in views) / len(views)

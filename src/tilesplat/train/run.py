@@ -6,7 +6,8 @@ Layout of ``runs/<name>/``::
     checkpoints/          step_NNNNNNN.pt, the newest ``keep_checkpoints``
     history.json          loss, PSNR, Gaussian count and seconds per logged step
     metrics.json          test PSNR / SSIM (/ LPIPS), per view, Gaussian count, train time
-    renders/test/*.png    the test views rendered by the model
+    renders/test/*.png    the test views rendered by the model (model = "2dgs": also
+                          normal/, normal_from_depth/ and depth/ PNGs of the same views)
     curve.png             loss, PSNR and Gaussian count against the step
     point_cloud.ply       the model in the original 3DGS PLY layout
 """
@@ -126,13 +127,15 @@ def write_outputs(
     if history is not None:
         save_curve(history, run_dir / "curve.png")
     if cfg.save_ply:
-        export_ply(params, run_dir / "point_cloud.ply")
+        export_ply(params, run_dir / "point_cloud.ply", surfels=cfg.model == "2dgs")
     return metrics
 
 
-def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
-    """Write the model as a 3DGS PLY file."""
+def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = False) -> Path:
+    """Write the model as a 3DGS PLY file; ``surfels`` (a 2DGS model): its third scale flat
+    (``twodgs.flatten_scales``), so that 3DGS readers draw thin discs."""
     from ..io.ply import save_ply
+    from .twodgs import flatten_scales
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +144,7 @@ def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
             path,
             params["means"],
             params["quats"],
-            params["scales"],
+            flatten_scales(params["scales"]) if surfels else params["scales"],
             params["opacities"],
             torch.cat([params["sh0"], params["shN"]], dim=1),
         )

@@ -28,6 +28,7 @@ from .splats import (
     render_splats,
     set_learning_rates,
 )
+from .twodgs import distortion_active, render_surfels, surfel_regularisation
 
 # Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
 InfoHook = Callable[[dict[str, Any]], None]
@@ -180,22 +181,34 @@ def optimization_step(
     ``render``, ``loss``, ``backward`` and ``adam``.
     """
     clock = clock if clock is not None else _NoClock()
+    surfels = None
     with clock.stage("render"):
-        colors, _, info = render_splats(
-            params,
-            batch.viewmats,
-            batch.Ks,
-            batch.width,
-            batch.height,
-            cfg,
-            sh_degree_at(cfg, step),
-            backgrounds=batch.backgrounds,
-            absgrad=absgrad,
-        )
+        if cfg.model == "2dgs":
+            surfels = render_surfels(
+                params, batch.viewmats, batch.Ks, batch.width, batch.height, cfg,
+                sh_degree_at(cfg, step), backgrounds=batch.backgrounds, absgrad=absgrad,
+                distloss=distortion_active(cfg, step),
+            )  # fmt: skip
+            colors, info = surfels.colors, surfels.info
+        else:
+            colors, _, info = render_splats(
+                params,
+                batch.viewmats,
+                batch.Ks,
+                batch.width,
+                batch.height,
+                cfg,
+                sh_degree_at(cfg, step),
+                backgrounds=batch.backgrounds,
+                absgrad=absgrad,
+            )
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
         loss = training_loss(params, colors, batch.target, cfg)
+        extra = None if surfels is None else surfel_regularisation(surfels, cfg, step)
+        if extra is not None:
+            loss = loss + extra
     with clock.stage("backward"):
         loss.backward()
     if after_backward is not None:

@@ -29,6 +29,7 @@ from .parallel import DataParallel
 from .progress import Progress
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
+from .twodgs import make_surfels
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
 HISTORY_KEYS = ("step", "time", "loss", "psnr", "gaussians", "test_step", "test_time", "test_psnr")
@@ -56,6 +57,7 @@ def make_strategy(cfg: TrainConfig) -> Strategy:
         refine_every=cfg.refine_every,
         pause_refine_after_reset=cfg.pause_refine_after_reset,
         absgrad=cfg.absgrad,
+        key_for_gradient="gradient_2dgs" if cfg.model == "2dgs" else "means2d",
     )
 
 
@@ -79,7 +81,7 @@ def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tens
             dataset.scene_center.float(),
         )
         pts, rgb = random_points(cfg.init_points, dataset.scene_center, half)
-    return init_params(
+    params = init_params(
         pts,
         rgb,
         cfg.sh_degree,
@@ -87,6 +89,7 @@ def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tens
         cfg.init_scale,
         fallback_scale=0.01 * dataset.scene_radius,
     )
+    return make_surfels(params) if cfg.model == "2dgs" else params
 
 
 class _StopRequest:
