@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="train in N local processes (gloo on 127.0.0.1; parallel = data unless set); "
+        help="train in N local processes (gloo on 127.0.0.1; parallel = data unless the config "
+        "says model); "
         "under torchrun the job's ranks are used instead (docs/distributed.md)",
     )
     parser.add_argument(
@@ -95,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.data or args.images:
             raise ValueError("--resume takes the run's own config; use --set to change keys")
-        multi = args.nproc > 1 or _torchrun_world() > 1
-        job = (None, args.resume, list(args.overrides) + (["parallel=data"] if multi else []))
+        job = (None, args.resume, list(args.overrides))
     else:
         cfg = load_config(args.config) if args.config else TrainConfig()
         if args.data:
@@ -136,8 +136,8 @@ def _torchrun_world() -> int:
 
 
 def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -> None:
-    """One rank of a data-parallel training (the process group is up): the cores are shared
-    between the local ranks, and only rank 0 logs and writes."""
+    """One rank of a data- or model-parallel training (the process group is up): the cores are
+    shared between the local ranks, and only rank 0 logs and writes."""
     import os
 
     import numba
@@ -158,7 +158,7 @@ def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -
         if cfg is not None:
             cfg = apply_overrides(cfg, ["progress=false"])
     if resume:
-        run_dir, metrics = resume_run(resume, overrides, log=log)
+        run_dir, metrics = resume_run(resume, overrides, log=log, several_ranks=True)
     else:
         run_dir, metrics = train_run(cfg, log=log)
     if not quiet:

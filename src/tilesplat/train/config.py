@@ -25,7 +25,7 @@ STRATEGIES = ("default", "mcmc")
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 INITS = ("auto", "points", "random")
-PARALLEL_MODES = ("none", "data")
+PARALLEL_MODES = ("none", "data", "model")
 MODELS = ("3dgs", "2dgs")
 # A field set to AUTO takes the value of its strategy (see TrainConfig.resolved); its
 # values per strategy (default, mcmc): 3DGS's for default, 3DGS-MCMC's (Kheradmand et al.
@@ -81,9 +81,11 @@ class TrainConfig:
     )
     parallel: str = _f(
         "none",
-        "training across processes (tilesplat train --nproc N, or torchrun): none, or data "
+        "training across processes (tilesplat train --nproc N, or torchrun): none; data "
         "(every rank holds all Gaussians and renders batch_size / ranks cameras of each "
-        "step; gradients all-reduced; docs/distributed.md)",
+        "step; gradients all-reduced); model (every rank holds a shard of the Gaussians, "
+        "rendered with rasterization(distributed=True), densified locally and rebalanced); "
+        "docs/distributed.md",
         "run",
         choices=PARALLEL_MODES,
     )
@@ -330,6 +332,12 @@ class TrainConfig:
             0 <= self.viewer_port <= 65535,
             f"viewer_port must be in 0..65535, got {self.viewer_port}",
         )
+        if self.parallel == "model":
+            need(not (self.absgrad and self.strategy == "default"),
+                 "parallel = 'model' has no absgrad (rasterization(distributed=True) does not "
+                 "compute it): set absgrad = false")
+            need(self.viewer_port == 0,
+                 "viewer_port needs the whole model in one process: not with parallel = 'model'")
         if self.model == "2dgs":
             from .twodgs import unsupported_with_2dgs
 

@@ -29,6 +29,9 @@ class DataParallel:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        # where small collectives put their numbers (NCCL takes CUDA tensors only): the
+        # model's device, set by the trainer
+        self.device = torch.device("cpu")
 
     @classmethod
     def current(cls) -> DataParallel | None:
@@ -45,6 +48,12 @@ class DataParallel:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (a one-number all-reduce)."""
+        box = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        return bool(box.item() > 0)
 
     def check_batch(self, batch_size: int) -> None:
         if batch_size % self.world_size:

@@ -154,7 +154,7 @@ def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = Fals
 def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]:
     """Train a new run from ``cfg``; returns (run folder, metrics)."""
     cfg.validate()
-    par = DataParallel.current() if cfg.parallel == "data" else None
+    par = DataParallel.current() if cfg.parallel != "none" else None
     if par is None:
         run_dir = new_run_dir(cfg)
         dataset = load_scene(cfg, log)
@@ -171,43 +171,54 @@ def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]
         save_config(cfg, run_dir / "config.toml")
     log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
     trainer = Trainer(cfg, dataset, run_dir, log=log)
-    log(f"{len(trainer.params['means'])} initial Gaussians, {cfg.steps} steps")
+    log(f"{trainer.n_gaussians} initial Gaussians, {cfg.steps} steps")
     trainer.train()
-    if not writes:
-        return run_dir, {}
-    metrics = write_outputs(
-        run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
+    return run_dir, _finish(trainer, run_dir, cfg, dataset)
+
+
+def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDataset
+            ) -> dict[str, Any]:
+    """The run's outputs, written by the process that holds the whole model (rank 0 of a
+    job, after gathering a model-parallel job's shards); {} on the other ranks."""
+    params = trainer.full_params()
+    if not trainer.writes or params is None:
+        return {}
+    return write_outputs(
+        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed
     )
-    return run_dir, metrics
 
 
 def resume_run(
-    run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
+    run_dir: str | Path,
+    overrides: list[str] | None = None,
+    log: Log = print,
+    several_ranks: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Continue a run from its newest checkpoint; returns (run folder, metrics).
 
     ``overrides`` (``key=value`` strings, e.g. a larger ``steps``) change the config stored in
     the checkpoint; the run then differs from an uninterrupted one with the new config.
+    ``several_ranks``: this process is one rank of a job, which continues a run of one
+    process (``parallel = "none"``) in data mode; a data or model run keeps its mode. A
+    checkpoint holds the whole model, so the number of ranks may differ from the run's.
     """
     run_dir = Path(run_dir)
     path = latest_checkpoint(run_dir)
     ckpt = load_checkpoint(path)
     cfg = checkpoint_config(ckpt)
+    overrides = list(overrides or [])
+    if several_ranks and apply_overrides(cfg, overrides).parallel == "none":
+        overrides.append("parallel=data")
     if overrides:
         cfg = apply_overrides(cfg, overrides)
-        par = DataParallel.current() if cfg.parallel == "data" else None
+        par = DataParallel.current() if cfg.parallel != "none" else None
         if par is None or par.rank == 0:
             save_config(cfg, run_dir / "config.toml")
     dataset = load_scene(cfg, log)
     trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
     log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
     trainer.train()
-    if not trainer.writes:
-        return run_dir, {}
-    metrics = write_outputs(
-        run_dir, cfg, dataset, trainer.params, trainer.history, trainer.step, trainer.elapsed
-    )
-    return run_dir, metrics
+    return run_dir, _finish(trainer, run_dir, cfg, dataset)
 
 
 def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:

@@ -117,8 +117,11 @@ def render_splats(
     sh_degree: int,
     backgrounds: Tensor | None = None,  # [C, 3]
     absgrad: bool = False,
+    distributed: bool = False,
 ) -> tuple[Tensor, Tensor, dict[str, Any]]:
-    """Render the model from C cameras.
+    """Render the model from C cameras (with ``distributed``: this rank's shard of the
+    Gaussians from this rank's cameras, every rank's shards composited, as
+    ``rasterization(distributed=True)``).
 
     Returns:
         colors [C, H, W, 3] (not clamped above 1), alphas [C, H, W, 1], and the rasterizer's
@@ -143,4 +146,5 @@ def render_splats(
         backgrounds=backgrounds,
         backend=cfg.backend,
         backward_scheme=cfg.backward_scheme,
+        distributed=distributed,
     )

@@ -10,6 +10,7 @@ the result; the replay passes hooks that time or capture gradients.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -139,13 +140,32 @@ def sh_degree_at(cfg: TrainConfig, step: int) -> int:
     return min(step // cfg.sh_degree_interval, cfg.sh_degree)
 
 
-def training_loss(params: Params, colors: Tensor, target: Tensor, cfg: TrainConfig) -> Tensor:
-    """The photometric loss of ``colors`` [C, H, W, 3] plus the opacity / scale terms."""
+def training_loss(
+    params: Params,
+    colors: Tensor,
+    target: Tensor,
+    cfg: TrainConfig,
+    share: tuple[float, int] | None = None,
+) -> Tensor:
+    """The photometric loss of ``colors`` [C, H, W, 3] plus the opacity / scale terms.
+
+    ``share`` = (fraction of the batch's cameras, total Gaussian count) for one shard of a
+    model-parallel job: the photometric loss is weighted by the fraction and the terms are
+    sums over the shard divided by the total, so the ranks' losses add up to the whole
+    batch's loss over the whole model.
+    """
     loss, _ = photometric_loss(colors, target, cfg.ssim_lambda)
+    views, n_total = (1.0, None) if share is None else share
+    if views != 1.0:
+        loss = loss * views
+
+    def mean(t: Tensor) -> Tensor:  # [N, ...] -> the mean over the whole model
+        return t.mean() if n_total is None else t.sum() / (n_total * math.prod(t.shape[1:]))
+
     if cfg.opacity_reg > 0.0:
-        loss = loss + cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
+        loss = loss + cfg.opacity_reg * mean(torch.sigmoid(params["opacities"]))
     if cfg.scale_reg > 0.0:
-        loss = loss + cfg.scale_reg * torch.exp(params["scales"]).mean()
+        loss = loss + cfg.scale_reg * mean(torch.exp(params["scales"]))
     return loss
 
 
@@ -172,13 +192,17 @@ def optimization_step(
     before_backward: InfoHook | None = None,
     after_backward: InfoHook | None = None,
     clock: StageClock | None = None,
+    distributed: bool = False,
+    loss_share: tuple[float, int] | None = None,
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
     ``before_backward`` runs after rendering (the strategy's ``step_pre_backward``, or a hook
     that retains intermediate gradients); ``after_backward`` runs when the gradients are in
     ``params[name].grad``, before Adam consumes them. ``clock`` times the stages
-    ``render``, ``loss``, ``backward`` and ``adam``.
+    ``render``, ``loss``, ``backward`` and ``adam``. ``distributed`` renders a shard of a
+    model-parallel job (``rasterization(distributed=True)``) and ``loss_share`` weighs its
+    loss (:func:`training_loss`).
     """
     clock = clock if clock is not None else _NoClock()
     surfels = None
@@ -201,11 +225,12 @@ def optimization_step(
                 sh_degree_at(cfg, step),
                 backgrounds=batch.backgrounds,
                 absgrad=absgrad,
+                distributed=distributed,
             )
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
-        loss = training_loss(params, colors, batch.target, cfg)
+        loss = training_loss(params, colors, batch.target, cfg, loss_share)
         extra = None if surfels is None else surfel_regularisation(surfels, cfg, step)
         if extra is not None:
             loss = loss + extra

@@ -25,6 +25,7 @@ from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .init import init_params, random_points, visible_half_width
 from .metrics import psnr
+from .model_parallel import ModelParallel, even_counts
 from .parallel import DataParallel
 from .progress import Progress
 from .splats import make_optimizers, make_params
@@ -165,22 +166,87 @@ class Trainer:
             self._load_state(checkpoint)
         self.strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
-        self.parallel = DataParallel.current() if cfg.parallel == "data" else None
+        self.parallel: DataParallel | None = None
+        self.sharded: ModelParallel | None = None  # the rank of a model-parallel job
+        if cfg.parallel == "data":
+            self.parallel = DataParallel.current()
+            if self.parallel is not None:
+                self.parallel.check_batch(cfg.batch_size)
+                if cfg.packed:
+                    raise ValueError("parallel = 'data' renders unpacked: set packed = false")
+        elif cfg.parallel == "model":
+            self.parallel = self.sharded = ModelParallel.current()
         if self.parallel is not None:
-            self.parallel.check_batch(cfg.batch_size)
-            if cfg.packed:
-                raise ValueError("parallel = 'data' renders unpacked: set packed = false")
+            self.parallel.device = self.params["means"].device
+        if self.sharded is not None:
+            self.sharded.check_config(cfg)
+            if isinstance(self.strategy, MCMCStrategy):  # the cap is split between the shards
+                self.strategy.cap_max = even_counts(cfg.cap_max, self.sharded.world_size)[
+                    self.sharded.rank]
+            self.sharded.take_shard(self.params, self.optimizers, self.strategy_state)
+        self._counts = self._gaussian_counts()
+        self.rebalances: list[tuple[int, list[int], list[int]]] = []  # (step, before, after)
 
     # --- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything the next step depends on, loadable with ``weights_only=True``."""
+    def _counts_now(self, shard: ModelParallel) -> list[int]:
+        return shard.counts(len(self.params["means"]))
+
+    def _gaussian_counts(self) -> list[int]:
+        n = len(self.params["means"])
+        return [n] if self.sharded is None else self.sharded.counts(n)
+
+    @property
+    def n_gaussians(self) -> int:
+        """The model's Gaussian count (over every shard of a model-parallel job)."""
+        return len(self.params["means"]) if self.sharded is None else sum(self._counts)
+
+    def _whole_model(self) -> tuple[dict, dict, dict] | None:
+        """(parameters, optimiser state dicts, strategy state) of the whole model: this
+        process's own, or gathered on rank 0 of a model-parallel job (None on its other
+        ranks; every rank must call it)."""
+        if self.sharded is None:
+            return (
+                {k: p.detach().clone() for k, p in self.params.items()},
+                {k: opt.state_dict() for k, opt in self.optimizers.items()},
+                dict(self.strategy_state),
+            )
+        got = self.sharded.gather_model(self.params, self.optimizers, self.strategy_state)
+        if got is None:
+            return None
+        params, moments, stats = got
+        optim = {}
+        for name, opt in self.optimizers.items():
+            sd = opt.state_dict()  # its per-parameter dicts are the live ones: copy them
+            sd["state"] = {i: {**st, **{key: moments[f"{name}.{key}"]
+                                        for key in ("exp_avg", "exp_avg_sq")}}
+                           for i, st in sd["state"].items()}  # one parameter per optimiser
+            optim[name] = sd
+        state = dict(self.strategy_state)
+        state.update(stats)
+        return params, optim, state
+
+    def full_params(self) -> dict[str, Tensor] | None:
+        """The whole model's parameters (gathered on rank 0 of a model-parallel job, None on
+        its other ranks; every rank must call it)."""
+        if self.sharded is None:
+            return self.params
+        got = self._whole_model()
+        return None if got is None else got[0]
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything the next step depends on, loadable with ``weights_only=True`` (the whole
+        model; None on the ranks > 0 of a model-parallel job, which must call it too)."""
+        whole = self._whole_model()
+        if whole is None:
+            return None
+        params, optim, strategy_state = whole
         return {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
-            "params": {k: p.detach().clone() for k, p in self.params.items()},
-            "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
-            "strategy_state": dict(self.strategy_state),
+            "params": params,
+            "optimizers": optim,
+            "strategy_state": strategy_state,
             "rng": torch.get_rng_state(),
             "config": dataclasses.asdict(self.config),
             "history": self.history,
@@ -210,10 +276,12 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step and the history; keep the newest few
-        (other ranks of a data-parallel job write nothing: they hold the same state)."""
+        (other ranks of a data-parallel job write nothing: they hold the same state; those of
+        a model-parallel job send their shards to rank 0)."""
+        state = self.state_dict() if self.writes or self.sharded is not None else None
         if not self.writes:
             return checkpoint_path(self.run_dir, self.step)
-        path = save_checkpoint(checkpoint_path(self.run_dir, self.step), self.state_dict())
+        path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         self._write_history()
         return path
@@ -235,7 +303,7 @@ class Trainer:
         """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
         cfg = self.cfg
         indices = self.batch_indices(step)
-        par = self.parallel
+        par, shard = self.parallel, self.sharded
         if par is not None:
             indices = par.my_slice(indices)
         frames = [self.dataset.train[i] for i in indices]
@@ -251,11 +319,16 @@ class Trainer:
             before_backward=lambda info: self.strategy.step_pre_backward(
                 self.params, self.optimizers, self.strategy_state, step, info
             ),
-            after_backward=None if par is None else lambda info: par.reduce_gradients(
-                self.params
-            ),
+            after_backward=None if par is None or shard is not None
+            else lambda info: par.reduce_gradients(self.params),
+            distributed=shard is not None,
+            loss_share=None if shard is None else (1.0 / shard.world_size, self.n_gaussians),
         )
-        if par is not None:  # densify on every rank's cameras, identically on every rank
+        if shard is not None:
+            # the pre-exchange means2d [C_all, N_shard, 2] carry 1 / C_all of each camera's
+            # loss gradient (the shares add up to the batch's mean): undo over all cameras
+            res.info["n_cameras"] = cfg.batch_size
+        elif par is not None:  # densify on every rank's cameras, identically on every rank
             res.info = par.gather_info(res.info, getattr(self.strategy, "key_for_gradient",
                                                          "means2d"))
         # the hooks take gsplat's arguments, as its simple_trainer.py passes them
@@ -269,7 +342,13 @@ class Trainer:
                 self.params, self.optimizers, self.strategy_state, step, res.info,
                 packed=cfg.packed,
             )
-        if par is not None:
+        if shard is not None:
+            before = self._counts_now(shard)
+            self._counts, moved = shard.rebalance(self.params, self.optimizers,
+                                                  self.strategy_state, counts=before)
+            if moved:
+                self.rebalances.append((step, before, list(self._counts)))
+        elif par is not None:
             par.check_in_sync(self.params, step)
         return float(res.loss), psnr(res.colors.clamp(0.0, 1.0), batch.target)
 
@@ -285,19 +364,30 @@ class Trainer:
             self.history["time"].append(round(self.elapsed, 3))
             self.history["loss"].append(self.window[0] / n)
             self.history["psnr"].append(self.window[1] / n)
-            self.history["gaussians"].append(len(self.params["means"]))
+            self.history["gaussians"].append(self.n_gaussians)
             self.window = [0.0, 0.0, 0]
 
     def test_psnr(self) -> float:
-        """Mean PSNR over the test views (train views when there are none)."""
+        """Mean PSNR over the test views (train views when there are none); NaN on the ranks
+        > 0 of a model-parallel job (rank 0 evaluates the gathered model)."""
         from .evaluate import evaluate
 
+        params = self.full_params()
+        if params is None:
+            return float("nan")
         frames = self.dataset.test or self.dataset.train
-        return evaluate(self.params, frames, self.cfg, self.dataset.background)["psnr"]
+        return evaluate(params, frames, self.cfg, self.dataset.background)["psnr"]
+
+    def _stop_agreed(self, requested: bool) -> bool:
+        """Whether any rank was asked to stop (every rank of a job stops at the same step, so
+        that a model-parallel checkpoint gathers every shard)."""
+        if self.parallel is None:
+            return requested
+        return self.parallel.any_rank(requested)
 
     def _open_viewer(self) -> Any:
         """The live view of ``viewer_port`` (docs/viewer.md), or None when it is 0."""
-        if not self.cfg.viewer_port:
+        if not self.cfg.viewer_port or not self.writes:  # rank 0 alone serves it
             return None
         from ..viewer.live import LiveViewer
 
@@ -321,7 +411,7 @@ class Trainer:
                         self.history["test_step"].append(self.step)
                         self.history["test_time"].append(round(self.elapsed, 3))
                         self.history["test_psnr"].append(self.test_psnr())
-                    if stop.requested:
+                    if self._stop_agreed(stop.requested):
                         progress.close()
                         path = self.save_checkpoint()
                         self.log(f"interrupted at step {self.step}; saved {path}")
@@ -333,7 +423,7 @@ class Trainer:
                     ):
                         self.save_checkpoint()
                     progress.update(
-                        self.step, loss=loss, psnr=step_psnr, gaussians=len(self.params["means"])
+                        self.step, loss=loss, psnr=step_psnr, gaussians=self.n_gaussians
                     )
                     if viewer is not None:
                         viewer.after_step(
