@@ -8,6 +8,9 @@ saying what is missing (2DGS, 3DGUT, the Inria wrappers, PNG compression, the co
 Importing compiles nothing: backends load on first use.
 """
 
+# first, before anything loads torch: the tilesplat command's OpenMP wait policy
+import tilesplat.cli._openmp  # noqa: F401
+
 from . import compression, distributed, exporter, optimizers, strategy
 from .backends.registry import (
     available as available_backends,

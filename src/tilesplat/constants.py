@@ -14,3 +14,10 @@ RASTERIZE_MODES = ("classic", "antialiased")
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 SH_MAX_DEGREE = 4
+
+# SSIM of the photometric loss (Wang et al. 2004): an 11x11 Gaussian window of sigma 1.5,
+# C1 = (0.01 * L)^2 and C2 = (0.03 * L)^2 for the data range L = 1
+SSIM_WINDOW = 11
+SSIM_SIGMA = 1.5
+SSIM_C1 = 0.01**2
+SSIM_C2 = 0.03**2

@@ -5,6 +5,7 @@ from .intersect import isect_offset_encode, isect_tiles
 from .projection import fully_fused_projection
 from .rasterize import rasterize_to_pixels
 from .sh import spherical_harmonics
+from .ssim import ssim
 from .validation import set_check_finite
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "rasterize_to_pixels",
     "set_check_finite",
     "spherical_harmonics",
+    "ssim",
 ]

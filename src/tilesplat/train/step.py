@@ -154,7 +154,7 @@ def training_loss(
     sums over the shard divided by the total, so the ranks' losses add up to the whole
     batch's loss over the whole model.
     """
-    loss, _ = photometric_loss(colors, target, cfg.ssim_lambda)
+    loss, _ = photometric_loss(colors, target, cfg.ssim_lambda, cfg.backend)
     views, n_total = (1.0, None) if share is None else share
     if views != 1.0:
         loss = loss * views

@@ -19,6 +19,7 @@ from . import (
     rasterize_bwd,
     rasterize_fwd,
     sh,
+    ssim,
 )
 
 register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
@@ -29,3 +30,4 @@ register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))
 register("fully_fused_projection_2dgs", "cpu", projection_2dgs.project)
 register("rasterize_to_pixels_2dgs", "cpu", rasterize_2dgs_bwd.rasterize)
+register("ssim", "cpu", DiffOp(ssim.forward, ssim.backward))

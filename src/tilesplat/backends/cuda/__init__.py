@@ -51,5 +51,9 @@ register(
     "cuda",
     DiffOp(rasterize_fwd.rasterize_to_pixels_fwd, rasterize_bwd.rasterize_to_pixels_bwd),
 )
+# SSIM on the GPU is the reference's convolutions: they already are torch's CUDA kernels
+from ..torch import ssim as _torch_ssim  # noqa: E402
+
+register("ssim", "cuda", DiffOp(_torch_ssim.forward, _torch_ssim.backward))
 
 __all__ = ["get_options", "launch_stats", "reset_launch_stats", "reset_options", "set_options"]

@@ -2,7 +2,7 @@
 float32 and float64, any device. It defines what every other backend computes."""
 
 from ..registry import DiffOp, register
-from . import camera, covariance, indices, intersect, projection, rasterize, sh, twodgs
+from . import camera, covariance, indices, intersect, projection, rasterize, sh, ssim, twodgs
 
 register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covariance.backward))
 register("fully_fused_projection", "torch", DiffOp(projection.forward, projection.backward))
@@ -18,3 +18,4 @@ register("fully_fused_projection_2dgs", "torch", twodgs.project)
 register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize)
 register("rasterize_to_indices_in_range_2dgs", "torch", indices.rasterize_to_indices_in_range_2dgs)
 register("accumulate_2dgs", "torch", indices.accumulate_2dgs)
+register("ssim", "torch", DiffOp(ssim.forward, ssim.backward))

@@ -1,0 +1,42 @@
+"""The tilesplat command sets OMP_WAIT_POLICY=PASSIVE before torch loads (issue 14); a
+library user's process, or a policy the user chose, is left alone."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tilesplat.cli._openmp import is_tilesplat_command
+
+PRINT = "import os, tilesplat, torch; print(os.environ.get('OMP_WAIT_POLICY'))\n"
+
+
+@pytest.mark.parametrize(
+    "argv,want",
+    [
+        (["/venv/bin/python", "/venv/bin/tilesplat", "train"], True),
+        (["python", "-u", "-X", "importtime", "-m", "tilesplat.cli", "bench"], True),
+        (["python", "-m", "pytest", "tests"], False),
+        (["python", "train.py", "tilesplat"], False),
+        (["python", "-c", "import tilesplat"], False),
+        (["python"], False),
+    ],
+)
+def test_is_tilesplat_command(argv, want):
+    assert is_tilesplat_command(argv) is want
+
+
+def _run(script_name: str, tmp_path, **env) -> str:
+    script = tmp_path / script_name
+    script.write_text(PRINT)
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env={**base, **env}, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_command_gets_passive_policy(tmp_path):
+    assert _run("tilesplat", tmp_path) == "PASSIVE"
+    assert _run("tilesplat", tmp_path, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    assert _run("user_script.py", tmp_path) == "None"

@@ -1,0 +1,94 @@
+"""The ``ssim`` op: the CPU kernel (fused, analytic backward) against the torch reference,
+the reference against finite differences, and the CPU kernel across thread counts."""
+
+import numba
+import pytest
+import torch
+
+from helpers import assert_close
+from tilesplat.ops import ssim
+
+
+def _pair(shape, dtype, seed):
+    """An image and a noisy copy in [0, 1] (SSIM well inside (0, 1))."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(shape, generator=g, dtype=torch.float64)
+    b = (a + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)).clamp(0.0, 1.0)
+    return a.to(dtype), b.to(dtype)
+
+
+def _value_and_grads(backend, a, b, v, grad_b=True):
+    a = a.clone().requires_grad_(True)
+    b = b.clone().requires_grad_(grad_b)
+    s = ssim(a, b, backend=backend)
+    s.backward(v)
+    return s.detach(), a.grad, b.grad
+
+
+@pytest.mark.parametrize("batch", [(), (2,), (1, 2)])
+@pytest.mark.parametrize("hw", [(11, 11), (37, 23), (70, 45)])
+def test_cpu_matches_reference_float32(batch, hw):
+    a, b = _pair((*batch, *hw, 3), torch.float32, seed=hw[0] + len(batch))
+    # the mean's gradient is ~1/M per pixel: scale the upstream gradient by M so the
+    # tolerances of DESIGN.md apply to O(1) values
+    v = torch.tensor(float(a.numel()), dtype=torch.float32)
+    ref = _value_and_grads("torch", a, b, v)
+    got = _value_and_grads("cpu", a, b, v)
+    assert_close("ssim", got[0], ref[0], 1e-5, 1e-5)
+    assert_close("v_img1", got[1], ref[1], 1e-4, 1e-4)
+    assert_close("v_img2", got[2], ref[2], 1e-4, 1e-4)
+
+
+def test_cpu_matches_reference_float64_one_image_grad():
+    a, b = _pair((2, 30, 41, 3), torch.float64, seed=5)
+    v = torch.tensor(3.0, dtype=torch.float64)
+    ref = _value_and_grads("torch", a, b, v, grad_b=False)
+    got = _value_and_grads("cpu", a, b, v, grad_b=False)
+    assert_close("ssim", got[0], ref[0], 1e-13, 1e-13)
+    assert_close("v_img1", got[1], ref[1], 1e-12, 1e-10)
+    assert got[2] is None
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_gradcheck_float64(backend):
+    a, b = _pair((13, 12, 2), torch.float64, seed=7)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x, y: ssim(x, y, backend=backend), (a, b))
+
+
+def test_cpu_bit_identical_across_threads_and_runs():
+    a, b = _pair((1, 100, 90, 3), torch.float32, seed=9)
+    v = torch.tensor(1.0)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _value_and_grads("cpu", a, b, v)
+        numba.set_num_threads(before)
+        many = [_value_and_grads("cpu", a, b, v) for _ in range(2)]
+    finally:
+        numba.set_num_threads(before)
+    for run in many:
+        for x, y in zip(one, run, strict=True):
+            assert torch.equal(x, y)
+
+
+def test_identity_and_errors():
+    a, _ = _pair((16, 16, 3), torch.float64, seed=1)
+    assert abs(float(ssim(a, a, backend="cpu")) - 1.0) < 1e-12
+    with pytest.raises(ValueError, match="smaller than the 11x11 window"):
+        ssim(a[:8], a[:8], backend="cpu")
+    with pytest.raises(ValueError, match="differ in shape"):
+        ssim(a, a[:, :15], backend="cpu")
+    with pytest.raises(ValueError, match="odd window_size"):
+        ssim(a, a, window_size=4)
+    with pytest.raises(ValueError, match="sigma"):
+        ssim(a, a, sigma=0.0)
+
+
+def test_other_windows():
+    a, b = _pair((1, 20, 19, 1), torch.float64, seed=3)
+    for k, sigma in ((3, 0.8), (7, 2.0)):
+        ref = ssim(a, b, k, sigma, backend="torch")
+        got = ssim(a, b, k, sigma, backend="cpu")
+        assert abs(float(got) - float(ref)) < 1e-13
