@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -230,6 +231,35 @@ def test_isect_matches_reference_exactly(packed, sort):
         off_ref = tilesplat.isect_offset_encode(ref[1], I, TW, TH, backend="torch")
         off_cpu = tilesplat.isect_offset_encode(ref[1], I, TW, TH, backend="cpu")
         assert torch.equal(off_cpu, off_ref)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_isect_many_chunks_any_thread_count(packed):
+    """More Gaussians than one chunk of the counting sort (several chunks fill in parallel):
+    still exactly the reference's order, with 1 thread and with 2."""
+    W, H, ts, I, N = 96, 80, 16, 2, 5000
+    g = torch.Generator().manual_seed(4)
+    means2d = torch.rand(I, N, 2, generator=g) * torch.tensor([W, H]) * 1.2 - 8
+    radii = (torch.rand(I, N, 2, generator=g) * 20).int()
+    depths = (torch.rand(I, N, generator=g) * 8).round()  # many ties: listing order decides
+    TW, TH = tile_grid(W, H, ts)
+    args, kw = (means2d, radii, depths), {}
+    if packed:
+        sel = (radii > 0).all(-1)
+        image_ids, gaussian_ids = sel.nonzero(as_tuple=True)
+        args = (means2d[sel], radii[sel], depths[sel])
+        kw = dict(packed=True, n_images=I, image_ids=image_ids, gaussian_ids=gaussian_ids)
+    ref = tilesplat.isect_tiles(*args, ts, TW, TH, backend="torch", **kw)
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, before):
+            numba.set_num_threads(threads)
+            cpu = tilesplat.isect_tiles(*args, ts, TW, TH, backend="cpu", **kw)
+            for name, a, e in zip(("tiles_per_gauss", "isect_ids", "flatten_ids"), cpu, ref,
+                                  strict=True):
+                assert torch.equal(a, e), f"{name} with {threads} threads"
+    finally:
+        numba.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,19 +17,19 @@ import torch
 from numba import njit
 
 from ..scalar_math import like
-from ._common import BLOCK, alloc, parallel_for, view
+from ._common import alloc, parallel_for, view
 
 # ---------------------------------------------------------------------------------------------
 # kernels
 
 
 @njit(cache=True, error_model="numpy")
-def _tile_range(means2d, radii, g, tile_size, tile_width, tile_height):
-    """[x0, x1) x [y0, y1) tile bounds of Gaussian g (as the reference, in its dtype)."""
-    mx = means2d[g, 0]
-    my = means2d[g, 1]
-    rx = like(mx, radii[g, 0])
-    ry = like(mx, radii[g, 1])
+def _tile_range(mx, my, r0, r1, tile_size, tile_width, tile_height):
+    """[x0, x1) x [y0, y1) tile bounds of a Gaussian at (mx, my) with radii (r0, r1), as the
+    reference computes them, in the dtype of mx. Scalars only: a compiled call that takes an
+    array argument updates its reference count (an atomic) on every call."""
+    rx = like(mx, r0)
+    ry = like(mx, r1)
     ts = like(mx, tile_size)
     tmx = mx / ts
     tmy = my / ts
@@ -43,77 +43,72 @@ def _tile_range(means2d, radii, g, tile_size, tile_width, tile_height):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def count_kernel(first, step, means2d, radii, tile_size, tile_width, tile_height, counts):
-    """counts [G] int64: tiles covered by each Gaussian (0 unless both radii > 0)."""
+def count_kernel(first, step, means2d, radii, image_of, tile_size, tile_width, tile_height,
+                 chunk, counts, per_chunk):
+    """Chunks first, first + step, ... of ``chunk`` Gaussians. counts [G] int64: tiles covered
+    by each Gaussian (0 unless both radii > 0); per_chunk [n_chunks, I*T] int64: how many of
+    the chunk's intersections fall in each (image, tile), or [0, 0] when not wanted."""
     n = means2d.shape[0]
-    for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
-        count_block(
-            means2d,
-            radii,
-            tile_size,
-            tile_width,
-            tile_height,
-            counts,
-            blk * BLOCK,
-            min(n, (blk + 1) * BLOCK),
-        )
-
-
-@njit(cache=True, error_model="numpy")
-def count_block(means2d, radii, tile_size, tile_width, tile_height, counts, lo, hi):
-    for g in range(lo, hi):
-        rx = radii[g, 0]
-        ry = radii[g, 1]
-        if rx > 0 and ry > 0:
-            x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
-            counts[g] = (x1 - x0) * (y1 - y0)
-        else:
-            counts[g] = 0
-
-
-@njit(cache=True, error_model="numpy")
-def fill_kernel(
-    means2d,
-    radii,
-    image_of,
-    depth_bits,
-    counts,
-    tile_size,
-    tile_width,
-    tile_height,
-    n_images,
-    tile_first,
-    flatten_ids,
-    keys,
-):
-    """Counting sort by (image, tile): tile_first [I*T + 1] segment starts; flatten_ids [n]
-    and keys [n] (depth bits, unsigned) in listing order within each segment."""
     n_tiles = tile_width * tile_height
-    tile_first[:] = 0
-    for g in range(means2d.shape[0]):
-        if counts[g] == 0:
-            continue
-        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
-        base = image_of[g] * n_tiles
-        for ty in range(y0, y1):
-            for tx in range(x0, x1):
-                tile_first[base + ty * tile_width + tx + 1] += 1
-    for t in range(n_images * n_tiles):
-        tile_first[t + 1] += tile_first[t]
-    cursor = tile_first[:-1].copy()
-    for g in range(means2d.shape[0]):
-        if counts[g] == 0:
-            continue
-        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
-        base = image_of[g] * n_tiles
-        key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
-        for ty in range(y0, y1):
-            for tx in range(x0, x1):
-                t = base + ty * tile_width + tx
-                j = cursor[t]
-                cursor[t] = j + 1
-                flatten_ids[j] = g
-                keys[j] = key
+    hist = per_chunk.shape[0] > 0
+    for ch in range(first, (n + chunk - 1) // chunk, step):
+        if hist:
+            per_chunk[ch, :] = 0
+        for g in range(ch * chunk, min(n, (ch + 1) * chunk)):
+            rx = radii[g, 0]
+            ry = radii[g, 1]
+            if rx > 0 and ry > 0:
+                x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], rx, ry, tile_size,
+                                             tile_width, tile_height)
+                counts[g] = (x1 - x0) * (y1 - y0)
+                if hist:
+                    base = image_of[g] * n_tiles
+                    for ty in range(y0, y1):
+                        for tx in range(x0, x1):
+                            per_chunk[ch, base + ty * tile_width + tx] += 1
+            else:
+                counts[g] = 0
+
+
+@njit(cache=True, error_model="numpy")
+def chunk_starts(per_chunk, tile_first):
+    """Turns per_chunk [n_chunks, I*T] counts into each chunk's first slot in every (image,
+    tile) segment (segments in order, chunks in order within one); tile_first [I*T + 1]
+    gets the segment starts."""
+    run = np.int64(0)
+    for t in range(per_chunk.shape[1]):
+        tile_first[t] = run
+        for ch in range(per_chunk.shape[0]):
+            cnt = per_chunk[ch, t]
+            per_chunk[ch, t] = run
+            run += cnt
+    tile_first[per_chunk.shape[1]] = run
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def fill_kernel(first, step, means2d, radii, image_of, depth_bits, counts, tile_size,
+                tile_width, tile_height, chunk, cursor, flatten_ids, keys):
+    """Counting sort by (image, tile), chunks first, first + step, ... of Gaussians: each
+    chunk writes its Gaussians from its own slots cursor[ch] (``chunk_starts``), so every
+    segment lists its Gaussians in increasing order whatever the thread count. flatten_ids
+    [n] and keys [n] (depth bits, unsigned)."""
+    n = means2d.shape[0]
+    n_tiles = tile_width * tile_height
+    for ch in range(first, (n + chunk - 1) // chunk, step):
+        for g in range(ch * chunk, min(n, (ch + 1) * chunk)):
+            if counts[g] == 0:
+                continue
+            x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], radii[g, 0],
+                                         radii[g, 1], tile_size, tile_width, tile_height)
+            base = image_of[g] * n_tiles
+            key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
+            for ty in range(y0, y1):
+                for tx in range(x0, x1):
+                    t = base + ty * tile_width + tx
+                    j = cursor[ch, t]
+                    cursor[ch, t] = j + 1
+                    flatten_ids[j] = g
+                    keys[j] = key
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -156,7 +151,8 @@ def unsorted_kernel(
     for g in range(means2d.shape[0]):
         if counts[g] == 0:
             continue
-        x0, x1, y0, y1 = _tile_range(means2d, radii, g, tile_size, tile_width, tile_height)
+        x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], radii[g, 0], radii[g, 1],
+                                         tile_size, tile_width, tile_height)
         key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
         high = np.int64(image_of[g]) << (32 + tile_bits)
         j = first[g]
@@ -188,6 +184,15 @@ def offset_kernel(isect_ids, tile_bits, n_tiles, offsets):
 # ---------------------------------------------------------------------------------------------
 # launchers
 
+CHUNK_MIN = 2048  # Gaussians per chunk of the counting sort, at least
+CHUNK_CELLS = 1 << 20  # at most this many (chunk, image-tile) counters: chunks grow to fit
+
+
+def _chunk_size(n_gauss: int, n_segments: int) -> int:
+    """Gaussians per chunk: a function of the sizes only (never of the thread count)."""
+    most_chunks = max(1, CHUNK_CELLS // max(n_segments, 1))
+    return max(CHUNK_MIN, -(-n_gauss // most_chunks))
+
 
 def isect_tiles(
     means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
@@ -214,38 +219,22 @@ def isect_tiles(
         image_of = np.arange(n_gauss, dtype=np.int64) // max(per_image, 1)
     bits = view(depths.reshape(-1).to(torch.float32).contiguous().view(torch.int32))
     counts = np.empty(n_gauss, np.int64)
-    parallel_for(
-        count_kernel,
-        (n_gauss + BLOCK - 1) // BLOCK,
-        m,
-        r,
-        tile_size,
-        tile_width,
-        tile_height,
-        counts,
-    )
-    n = int(counts.sum())
     n_tiles = tile_width * tile_height
+    chunk = _chunk_size(n_gauss, n_images * n_tiles)
+    n_chunks = (n_gauss + chunk - 1) // chunk
+    per_chunk = np.empty((n_chunks, n_images * n_tiles) if sort else (0, 0), np.int64)
+    parallel_for(count_kernel, n_chunks, m, r, image_of, tile_size, tile_width, tile_height,
+                 chunk, counts, per_chunk)
+    n = int(counts.sum())
     t_bits = n_tiles.bit_length()
     flatten_ids = alloc((n,), torch.int32)
     isect_ids = alloc((n,), torch.int64)
     if sort:
         tile_first = np.empty(n_images * n_tiles + 1, np.int64)
         keys = np.empty(n, np.int64)
-        fill_kernel(
-            m,
-            r,
-            image_of,
-            bits,
-            counts,
-            tile_size,
-            tile_width,
-            tile_height,
-            n_images,
-            tile_first,
-            view(flatten_ids),
-            keys,
-        )
+        chunk_starts(per_chunk, tile_first)
+        parallel_for(fill_kernel, n_chunks, m, r, image_of, bits, counts, tile_size, tile_width,
+                     tile_height, chunk, per_chunk, view(flatten_ids), keys)
         parallel_for(
             sort_segments_kernel,
             n_images * n_tiles,

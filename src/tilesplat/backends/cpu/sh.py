@@ -21,9 +21,8 @@ from ._common import BLOCK, alloc, parallel_for, sm, view
 
 
 @njit(cache=True, error_model="numpy")
-def unit(dirs, m):
-    """dirs[m] / max(|dirs[m]|, 1e-12)."""
-    x, y, z = dirs[m, 0], dirs[m, 1], dirs[m, 2]
+def unit(x, y, z):
+    """(x, y, z) / max(|(x, y, z)|, 1e-12)."""
     inv = like(x, 1.0) / max(np.sqrt(x * x + y * y + z * z), like(x, 1e-12))
     return x * inv, y * inv, z * inv
 
@@ -34,72 +33,35 @@ def coeff_row(m, inner, reps):
     return (m // (reps * inner)) * inner + m % inner
 
 
-@njit(cache=True, error_model="numpy")
-def forward_row(degree, dirs, coeffs, masks, colors, m, c):
-    """colors[m] from direction m and coefficient row c."""
-    n_basis = (degree + 1) * (degree + 1)
-    zero = like(dirs[m, 0], 0.0)
-    r = zero
-    g = zero
-    b = zero
-    if masks.shape[0] == 0 or masks[m]:
-        x, y, z = unit(dirs, m)
-        basis = sm.sh_basis(degree, x, y, z)
-        for k in range(n_basis):
-            bk = basis[k]
-            r += bk * coeffs[c, k, 0]
-            g += bk * coeffs[c, k, 1]
-            b += bk * coeffs[c, k, 2]
-    colors[m, 0] = r
-    colors[m, 1] = g
-    colors[m, 2] = b
+# Arrays are only indexed in the kernels themselves: a compiled call that takes an array
+# argument updates its reference count (an atomic) on every call, which cost more than the
+# basis itself (``projection.forward_kernel``).
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def forward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, colors):
     """colors [M, 3]; masks [M] or [0]; blocks first, first + step, ... of rows."""
     n = dirs.shape[0]
+    n_basis = (degree + 1) * (degree + 1)
+    has_mask = masks.shape[0] > 0
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            forward_row(degree, dirs, coeffs, masks, colors, m, coeff_row(m, inner, reps))
-
-
-@njit(cache=True, error_model="numpy")
-def backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk, m, c, add):
-    """Gradients of evaluation row m, whose coefficients are row c: v_dirs[m], and v_coeffs[c]
-    set (add False) or added to (add True); gk [25] scratch."""
-    n_basis = (degree + 1) * (degree + 1)
-    zero = like(dirs[m, 0], 0.0)
-    on = masks.shape[0] == 0 or masks[m]
-    x, y, z = unit(dirs, m)
-    basis = sm.sh_basis(degree, x, y, z)
-    vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
-    for k in range(coeffs.shape[1]):
-        bk = basis[k] if (on and k < n_basis) else zero
-        if add:
-            v_coeffs[c, k, 0] += bk * vr
-            v_coeffs[c, k, 1] += bk * vg
-            v_coeffs[c, k, 2] += bk * vb
-        else:
-            v_coeffs[c, k, 0] = bk * vr
-            v_coeffs[c, k, 1] = bk * vg
-            v_coeffs[c, k, 2] = bk * vb
-    if v_dirs.shape[0] == 0:
-        return
-    if on and degree > 0:
-        for k in range(25):
-            gk[k] = zero
-        for k in range(n_basis):
-            gk[k] = coeffs[c, k, 0] * vr + coeffs[c, k, 1] * vg + coeffs[c, k, 2] * vb
-        gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
-        vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
-        v_dirs[m, 0] = vx
-        v_dirs[m, 1] = vy
-        v_dirs[m, 2] = vz
-    else:
-        v_dirs[m, 0] = zero
-        v_dirs[m, 1] = zero
-        v_dirs[m, 2] = zero
+            c = coeff_row(m, inner, reps)
+            zero = like(dirs[m, 0], 0.0)
+            r = zero
+            g = zero
+            b = zero
+            if not has_mask or masks[m]:
+                x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
+                basis = sm.sh_basis(degree, x, y, z)
+                for k in range(n_basis):
+                    bk = basis[k]
+                    r += bk * coeffs[c, k, 0]
+                    g += bk * coeffs[c, k, 1]
+                    b += bk * coeffs[c, k, 2]
+            colors[m, 0] = r
+            colors[m, 1] = g
+            colors[m, 2] = b
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -108,13 +70,47 @@ def backward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, v_col
     """v_coeffs [Nb, K, 3]; v_dirs [M, 3] or [0, 3]; blocks first, first + step, ... of
     coefficient rows, each summing its evaluation rows in increasing order."""
     n = coeffs.shape[0]
+    n_k = coeffs.shape[1]
+    n_basis = (degree + 1) * (degree + 1)
+    has_mask = masks.shape[0] > 0
+    want_dirs = v_dirs.shape[0] > 0
     gk = np.zeros(25, dirs.dtype)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for c in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
             m0 = (c // inner) * (reps * inner) + c % inner
             for i in range(reps):
-                backward_row(degree, dirs, coeffs, masks, v_colors, v_dirs, v_coeffs, gk,
-                             m0 + i * inner, c, i > 0)
+                m = m0 + i * inner
+                zero = like(dirs[m, 0], 0.0)
+                on = not has_mask or masks[m]
+                x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
+                basis = sm.sh_basis(degree, x, y, z)
+                vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
+                for k in range(n_k):
+                    bk = basis[k] if (on and k < n_basis) else zero
+                    if i > 0:
+                        v_coeffs[c, k, 0] += bk * vr
+                        v_coeffs[c, k, 1] += bk * vg
+                        v_coeffs[c, k, 2] += bk * vb
+                    else:
+                        v_coeffs[c, k, 0] = bk * vr
+                        v_coeffs[c, k, 1] = bk * vg
+                        v_coeffs[c, k, 2] = bk * vb
+                if not want_dirs:
+                    continue
+                if on and degree > 0:
+                    for k in range(25):
+                        gk[k] = zero
+                    for k in range(n_basis):
+                        gk[k] = coeffs[c, k, 0] * vr + coeffs[c, k, 1] * vg + coeffs[c, k, 2] * vb
+                    gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
+                    vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
+                    v_dirs[m, 0] = vx
+                    v_dirs[m, 1] = vy
+                    v_dirs[m, 2] = vz
+                else:
+                    v_dirs[m, 0] = zero
+                    v_dirs[m, 1] = zero
+                    v_dirs[m, 2] = zero
 
 
 # ---------------------------------------------------------------------------------------------
