@@ -66,36 +66,70 @@ def _filter_column(rows, w, dst):
 
 
 @njit(cache=True, error_model="numpy")
-def _ssim_row(mom, maps, p, o, n_maps):
-    """SSIM of one output row from its moments mom [5, Wo] (mu_x, mu_y, e_xx, e_yy, e_xy);
-    writes the partials to maps[p, :, o] when n_maps > 0 and returns the row's sum.
+def _ssim_row(mom, srow, maps, p, o, n_maps):
+    """SSIM of one output row from its moments mom [5, Wo] (mu_x, mu_y, e_xx, e_yy, e_xy)
+    into srow [Wo] (float64), and the partials into maps[p, :, o] when n_maps > 0.
 
-    The per-pixel formula runs in float64 (the moments are the images' dtype)."""
-    acc = 0.0
+    The per-pixel formula runs in float64 (the moments are the images' dtype); the loops
+    carry no reduction and no branch, so they vectorise."""
+    if n_maps == 0:
+        for j in range(mom.shape[1]):
+            mx = np.float64(mom[0, j])
+            my = np.float64(mom[1, j])
+            a = 2.0 * mx * my + SSIM_C1
+            b = 2.0 * (np.float64(mom[4, j]) - mx * my) + SSIM_C2
+            c = mx * mx + my * my + SSIM_C1
+            d = (np.float64(mom[2, j]) - mx * mx) + (np.float64(mom[3, j]) - my * my) + SSIM_C2
+            srow[j] = a * b / (c * d)
+        return
     for j in range(mom.shape[1]):
         mx = np.float64(mom[0, j])
         my = np.float64(mom[1, j])
-        var_x = np.float64(mom[2, j]) - mx * mx
-        var_y = np.float64(mom[3, j]) - my * my
-        cov = np.float64(mom[4, j]) - mx * my
         a = 2.0 * mx * my + SSIM_C1
-        b = 2.0 * cov + SSIM_C2
+        b = 2.0 * (np.float64(mom[4, j]) - mx * my) + SSIM_C2
         c = mx * mx + my * my + SSIM_C1
-        d = var_x + var_y + SSIM_C2
+        d = (np.float64(mom[2, j]) - mx * mx) + (np.float64(mom[3, j]) - my * my) + SSIM_C2
         den = c * d
         s = a * b / den
-        acc += s
-        if n_maps > 0:
-            d_a = b / den
-            d_b = a / den
-            d_c = -s / c
-            d_d = -s / d
-            maps[p, MAP_MU_X, o, j] = 2.0 * my * (d_a - d_b) + 2.0 * mx * (d_c - d_d)
-            maps[p, MAP_VAR, o, j] = d_d
-            maps[p, MAP_COV, o, j] = 2.0 * d_b
-            if n_maps > 3:
-                maps[p, MAP_MU_Y, o, j] = 2.0 * mx * (d_a - d_b) + 2.0 * my * (d_c - d_d)
-    return acc
+        srow[j] = s
+        d_a = b / den
+        d_b = a / den
+        d_c = -s / c
+        d_d = -s / d
+        maps[p, MAP_MU_X, o, j] = 2.0 * my * (d_a - d_b) + 2.0 * mx * (d_c - d_d)
+        maps[p, MAP_VAR, o, j] = d_d
+        maps[p, MAP_COV, o, j] = 2.0 * d_b
+    if n_maps > 3:
+        for j in range(mom.shape[1]):
+            mx = np.float64(mom[0, j])
+            my = np.float64(mom[1, j])
+            a = 2.0 * mx * my + SSIM_C1
+            b = 2.0 * (np.float64(mom[4, j]) - mx * my) + SSIM_C2
+            c = mx * mx + my * my + SSIM_C1
+            d = (np.float64(mom[2, j]) - mx * mx) + (np.float64(mom[3, j]) - my * my) + SSIM_C2
+            den = c * d
+            s = srow[j]
+            maps[p, MAP_MU_Y, o, j] = (2.0 * mx * (b / den - a / den)
+                                       + 2.0 * my * (-s / c + s / d))
+
+
+@njit(cache=True, error_model="numpy")
+def _row_sum(srow):
+    """Σ srow in a fixed order: four interleaved partial sums, then added in order."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    n = srow.shape[0]
+    n4 = n - n % 4
+    for j in range(0, n4, 4):
+        s0 += srow[j]
+        s1 += srow[j + 1]
+        s2 += srow[j + 2]
+        s3 += srow[j + 3]
+    for j in range(n4, n):
+        s0 += srow[j]
+    return (s0 + s1) + (s2 + s3)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -112,6 +146,7 @@ def forward_kernel(first, step, x, y, w, n_blocks, n_maps, maps, sums):
     src = np.empty((5, wd), x.dtype)
     hbuf = np.empty((5, ROWS + k - 1, wo), x.dtype)
     mom = np.empty((5, wo), x.dtype)
+    srow = np.empty(wo, np.float64)
     for item in range(first, sums.shape[0], step):
         p = item // n_blocks
         o0 = (item - p * n_blocks) * ROWS
@@ -134,7 +169,8 @@ def forward_kernel(first, step, x, y, w, n_blocks, n_maps, maps, sums):
         for o in range(o0, o1):
             for m in range(5):
                 _filter_column(hbuf[m, o - o0:o - o0 + k], w, mom[m])
-            acc += _ssim_row(mom, maps, p, o, n_maps)
+            _ssim_row(mom, srow, maps, p, o, n_maps)
+            acc += _row_sum(srow)
         sums[item] = acc
 
 
