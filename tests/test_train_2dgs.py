@@ -214,3 +214,11 @@ def test_2dgs_resume_is_bit_exact(tmp_path):
         assert torch.equal(full.params[k], resumed.params[k]), k
     assert full.history["loss"] == resumed.history["loss"]
     assert len(full.params["means"]) != 100  # densified
+
+
+def test_bench_replay_refuses_a_2dgs_run(trained):
+    from tilesplat.bench.replay import open_run
+
+    _, run, _ = trained
+    with pytest.raises(ValueError, match="replays 3DGS runs; this run has model = '2dgs'"):
+        open_run(f"run:{run}")

@@ -168,12 +168,18 @@ def open_run(spec: str) -> Replay:
 
     Raises:
         FileNotFoundError: no such run, checkpoint or dataset.
-        ValueError: an empty path, or a checkpoint that is not a valid training checkpoint.
+        ValueError: an empty path, a checkpoint that is not a valid training checkpoint, or
+            a run of another model than 3DGS.
     """
     target = spec[len(RUN_PREFIX):] if is_run_spec(spec) else spec
     if not target:
         raise ValueError("--scene run: needs a run folder or a checkpoint file (run:RUN_DIR)")
     run = open_checkpoint(target)
+    if run.cfg.model != "3dgs":  # the arms and captured gradients are the 3DGS rasterizer's
+        raise ValueError(
+            f"{run.run_dir}: --scene run: replays 3DGS runs; this run has "
+            f"model = {run.cfg.model!r}"
+        )
     dataset = load_scene(run.cfg, log=lambda _: None)
     if not dataset.train:
         raise ValueError(f"{run.run_dir}: the run's dataset has no training images")
