@@ -465,6 +465,7 @@ def test_blend_loop_vectorises():
         torch.full((P,), -1, dtype=torch.int32).numpy(),
         torch.empty(P, dtype=f).numpy(),
         np.zeros((3, P), np.float64),
+        np.zeros((n_k, 1), np.uint8),  # the hit flags of rasterize_saved
     )
     asm = blend_tile.inspect_asm(blend_tile.signatures[0])
     if platform.machine() in ("x86_64", "AMD64"):  # AVX2 / AVX-512 packed single precision

@@ -19,11 +19,12 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_ST
 from ..scalar_math import like
 from ._common import alloc, parallel_for, sm, view
 from .cull import gather_tile, max_tile_len, splat_bounds
+from .rasterize_saved import SUB_PIXELS, alloc_saved, float_shape, n_slices
 
 # A tile is composited in slices of SUB_PIXELS pixels (4 rows of a 16 x 16 tile), each stopping
 # on its own when its pixels are done: the lanes of finished pixels idle for less long. The
-# result does not depend on it (every pixel still sees the same sequence).
-SUB_PIXELS = 64
+# result does not depend on it (every pixel still sees the same sequence). The forward records
+# which (slice, intersection) pairs contribute, for the backward (``rasterize_saved``).
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -57,10 +58,14 @@ def composite_step(a, b, c, op, dx, dy, t, live):
 
 
 @njit(cache=True, error_model="numpy")
-def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, weight, acc):
+def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, weight, acc,
+               flags):
     """Composites a tile's Gaussians loc[0..n_k-1] (``cull.gather_tile`` rows; row j is
     intersection k0 + j) front to back into the state of its pixel slice ``sub``; rows whose
     slice range s_first..s_last excludes ``sub`` cannot reach it and are skipped.
+    flags [n, n_sub] uint8 (or [n, 0]: not kept): sets flags[k0 + j, sub] to 1 where row j
+    contributes to a pixel of the slice (``rasterize_saved``; the caller zeroed the tile's
+    rows).
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
     last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] float64
@@ -92,6 +97,8 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
             n_live = np.int32(n_live + live[p])
             n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
         if n_hit > 0:
+            if flags.shape[1] > 0:
+                flags[k32, sub] = np.uint8(1)
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
                 for p in range(n_pix):
@@ -122,10 +129,12 @@ def forward_kernel(
     out_last,
     out_lo,
     out_trans,
+    out_flags,
 ):
     """Tiles first, first + step, ... . backgrounds [I, D] or [0, D]; masks [I, TH, TW] or
     [0, 0, 0]; out_colors [I, H, W, D], out_alphas [I, H, W], out_last [I, H, W]; out_lo
-    [I, H, W, D] and out_trans [I, H, W] (or empty): see :func:`forward`."""
+    [I, H, W, D] and out_trans [I, H, W] (or empty); out_flags [n, n_sub] uint8 (or [n, 0]):
+    see :func:`forward`."""
     n_img, th, tw = offsets.shape
     n_tiles = n_img * th * tw
     n_ch = colors.shape[1]
@@ -140,6 +149,8 @@ def forward_kernel(
     s_last = np.empty(max_len, np.int32)
     keep_lo = out_lo.shape[0] > 0
     keep_trans = out_trans.shape[0] > 0
+    keep_flags = out_flags.shape[1] > 0
+    n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
     for t in range(first, n_tiles, step):
         img = t // (th * tw)
         rest = t - img * th * tw
@@ -147,6 +158,8 @@ def forward_kernel(
         tx = rest - ty * tw
         start = offs[t]
         end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        if keep_flags:
+            out_flags[start:end, :] = np.uint8(0)
         if has_mask and not masks[img, ty, tx]:
             end = start
         px = np.empty(n_pix, dt)
@@ -156,7 +169,6 @@ def forward_kernel(
         trans = np.ones(n_pix, dt)
         last = np.full(n_pix, -1, np.int32)
         weight = np.empty(n_pix, dt)
-        n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
         acc = np.zeros((n_sub, n_ch, SUB_PIXELS), np.float64)
         n_k = 0
         if end > start:
@@ -180,6 +192,7 @@ def forward_kernel(
                     last[lo:hi],
                     weight[lo:hi],
                     acc[sub],
+                    out_flags,
                 )
         one = like(trans[0], 1.0)
         for p in range(n_pix):
@@ -218,27 +231,36 @@ def forward(
     scheme: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] and
-    what the backward of ``scheme`` needs from this pass (None when scheme is None):
+    what the backward of ``scheme`` needs from this pass (None when scheme is None), packed
+    into one uint8 tensor by ``rasterize_saved``:
 
+    - the hit flags [n, n_sub] of the (intersection, pixel slice) pairs that contribute;
     - per_pixel: trans [I, H, W], each pixel's final transmittance as the loop computed it
       (1 - render_alphas has lost its low bits when T is small, and the back-to-front walk
       scales every T it recovers by it);
     - per_splat, float32: colors_lo [I, H, W, D], what rounding the float64 sum of the colours
       to float32 lost (render_colors + colors_lo is that sum to ~48 bits; the backward
-      subtracts contributions from it). None for float64 data.
+      subtracts contributions from it). Nothing for float64 data.
     """
     n_img = isect_offsets.shape[0]
     n_ch = colors.shape[1]
+    n_isects = flatten_ids.shape[0]
     dt = means2d.dtype
+    np_dt = view(means2d).dtype
     out_colors = alloc((n_img, height, width, n_ch), dt)
     out_alphas = alloc((n_img, height, width, 1), dt)
     out_last = alloc((n_img, height, width), torch.int32)
-    out_lo = out_trans = None
-    if scheme == "per_splat" and dt != torch.float64:
-        out_lo = alloc((n_img, height, width, n_ch), dt)
-    elif scheme == "per_pixel":
-        out_trans = alloc((n_img, height, width), dt)
-    np_dt = view(means2d).dtype
+    saved = None
+    flags = np.zeros((n_isects, 0), np.uint8)
+    out_lo = np.zeros((0, 0, 0, n_ch), np_dt)
+    out_trans = np.zeros((0, 0, 0), np_dt)
+    if scheme is not None:
+        shape = float_shape(scheme, dt, n_img, height, width, n_ch)
+        saved, flags, floats = alloc_saved(n_isects, n_slices(tile_size), shape, np_dt)
+        if scheme == "per_pixel":
+            out_trans = floats
+        elif floats is not None:
+            out_lo = floats
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
     mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
     parallel_for(
@@ -256,11 +278,12 @@ def forward(
         view(isect_offsets),
         view(flatten_ids),
         splat_bounds(means2d, conics, opacities),
-        max_tile_len(isect_offsets, flatten_ids.shape[0]),
+        max_tile_len(isect_offsets, n_isects),
         view(out_colors),
         view(out_alphas).reshape(n_img, height, width),
         view(out_last),
-        view(out_lo) if out_lo is not None else np.zeros((0, 0, 0, n_ch), np_dt),
-        view(out_trans) if out_trans is not None else np.zeros((0, 0, 0), np_dt),
+        out_lo,
+        out_trans,
+        flags,
     )
-    return out_colors, out_alphas, out_last, out_lo if out_trans is None else out_trans
+    return out_colors, out_alphas, out_last, saved

@@ -1,0 +1,221 @@
+"""CPU kernels: the backward of ``rasterize_to_pixels`` on one pixel slice of a tile, both
+schemes (``rasterize_bwd`` runs them tile by tile).
+
+A slice walks only the intersections the forward flagged as contributing to it
+(``rasterize_saved``), each in three vectorised loops over the slice's pixels: the pair and
+its hit test, T and 1 / (1 - alpha); the colour step (d loss / d alpha, in float64); and
+:func:`pair_grads` (sums over the pixels, the only place that may reassociate). Skipping
+unflagged pairs is exact: they change neither T nor any gradient.
+
+A pixel-Gaussian pair contributes exactly when ``k <= last_id`` and it passes the skip tests
+(sigma >= 0, alpha >= ALPHA_SKIP): before its last contribution a pixel is never stopped. So
+per_splat replays the forward's transmittances bit for bit (``composite_step`` is the
+forward's own arithmetic) without the forward's live mask.
+
+d loss / d alpha_k of a pixel is (v_a + T_(k+1) (v_c . c_k) - S_k) / (1 - alpha_k), with S_k
+the colour behind k projected on v_c and v_a the render_alphas / background share. The two
+colour terms nearly cancel (a Gaussian as bright as what lies behind it), so the bracket is
+formed in float64 from float64 state. per_splat gets S_k as the forward's float64 colour
+minus the forward's own float32 products w * c_d (exact to float64 rounding where it is a
+tiny difference of large sums); per_pixel sums S_k back to front.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ...constants import ALPHA_CLAMP, ALPHA_SKIP
+from ..scalar_math import like
+from ._common import sm
+from .rasterize_fwd import composite_step
+
+# Columns of the per-intersection gradient rows; colours follow from N_FIXED.
+C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
+N_FIXED = 8
+
+# Functions that only sum (no skip / stop decision depends on their rounding) may reassociate,
+# which lets LLVM vectorise their reductions over the tile's pixels. The order of the sums is
+# then fixed by the compiled code, never by the threads: results stay bit-identical.
+SUMS = {"reassoc", "nsz"}
+
+
+@njit(cache=True, fastmath=SUMS, error_model="numpy")
+def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, rows):
+    """Adds the gradient of the tile's row j from these pixels to rows[j]: means2d, conic,
+    opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and (absgrad)
+    |d loss / d means2d|. v_alpha [P] is 0 where the pair does not contribute or alpha is
+    clamped."""
+    n_pix = px.shape[0]
+    f = gauss[0]
+    zero = like(f, 0.0)
+    half = like(f, 0.5)
+    s_mx = s_my = s_a = s_b = s_c = s_op = s_ax = s_ay = zero
+    for p in range(n_pix):
+        dx = mx - px[p]
+        dy = my - py[p]
+        va = v_alpha[p]
+        v_s = -va * (op * gauss[p])  # d loss / d sigma
+        gx = v_s * (a * dx + b * dy)
+        gy = v_s * (b * dx + c * dy)
+        s_mx += gx
+        s_my += gy
+        s_a += half * v_s * dx * dx
+        s_b += v_s * dx * dy
+        s_c += half * v_s * dy * dy
+        s_op += va * gauss[p]
+        if absgrad:  # loop-invariant: compiled as two loops
+            s_ax += abs(gx)
+            s_ay += abs(gy)
+    rows[j, C_MX] += s_mx
+    rows[j, C_MY] += s_my
+    rows[j, C_A] += s_a
+    rows[j, C_B] += s_b
+    rows[j, C_C] += s_c
+    rows[j, C_OP] += s_op
+    rows[j, C_ABSX] += s_ax
+    rows[j, C_ABSY] += s_ay
+    for d in range(v_c.shape[0]):
+        s_col = zero
+        for p in range(n_pix):
+            s_col += w[p] * v_c[d, p]
+        rows[j, N_FIXED + d] += s_col
+
+
+# The colour steps: no fast-math (per_splat needs the forward's products bit for bit). Each
+# scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it.
+@njit(cache=True, inline="always", error_model="numpy")
+def color_rgb_pixel(j, op, loc, v_c64, v_a64, gauss, t_k, t_nx, inv_1ma, state, w, v_alpha):
+    """RGB per_pixel, row j of the tile (opacity op): w = alpha T_k [P], d loss / d alpha
+    v_alpha [P] (0 where the pair does not contribute or alpha is clamped), and the colour
+    behind row j, state [P] float64, updated after.
+
+    v_c64 [3, P], v_a64 [P]: float64 upstream gradients; t_k [P] T before row j (0: no
+    contribution); t_nx [P] T after it; inv_1ma [P] 1 / (1 - alpha)."""
+    clamp = like(gauss[0], ALPHA_CLAMP)
+    zero = like(gauss[0], 0.0)
+    f64 = np.float64
+    c0d, c1d, c2d = f64(loc[j, 6]), f64(loc[j, 7]), f64(loc[j, 8])
+    for p in range(gauss.shape[0]):
+        ar = op * gauss[p]
+        t = t_k[p]
+        wp = min(clamp, ar) * t  # 0 where not hit (t_k = 0)
+        dot = v_c64[0, p] * c0d + v_c64[1, p] * c1d + v_c64[2, p] * c2d
+        behind = state[p]
+        state[p] = behind + f64(wp) * dot
+        v = like(t, v_a64[p] + f64(t_nx[p]) * dot - behind) * inv_1ma[p]
+        v_alpha[p] = v if (t > zero) & (ar <= clamp) else zero
+        w[p] = wp
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_alpha):
+    """RGB per_splat: as :func:`color_rgb_pixel`, with state [P] float64 the colour still to
+    come, row j's contribution (the forward's own float32 products) subtracted first."""
+    clamp = like(gauss[0], ALPHA_CLAMP)
+    zero = like(gauss[0], 0.0)
+    f64 = np.float64
+    c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
+    c0d, c1d, c2d = f64(c0), f64(c1), f64(c2)
+    for p in range(gauss.shape[0]):
+        ar = op * gauss[p]
+        t = t_k[p]
+        wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
+        dot = v_c64[0, p] * c0d + v_c64[1, p] * c1d + v_c64[2, p] * c2d
+        mine = v_c64[0, p] * f64(wp * c0) + v_c64[1, p] * f64(wp * c1) + \
+            v_c64[2, p] * f64(wp * c2)
+        behind = state[p] - mine
+        state[p] = behind
+        v = like(t, (v_a64[p] - behind) * f64(inv_1ma[p]) + f64(t) * dot)
+        v_alpha[p] = v if (t > zero) & (ar <= clamp) else zero
+        w[p] = wp
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
+              per_splat):
+    """:func:`color_rgb_pixel` / :func:`color_rgb_splat` for any channel count D: v_c [D, P],
+    v_a [P] in the data's dtype; dot, mine [P] float64 scratch."""
+    clamp = like(gauss[0], ALPHA_CLAMP)
+    zero = like(gauss[0], 0.0)
+    f64 = np.float64
+    for p in range(gauss.shape[0]):
+        w[p] = min(clamp, op * gauss[p]) * t_k[p]
+        dot[p] = 0.0
+        mine[p] = 0.0
+    for d in range(v_c.shape[0]):
+        cd = loc[j, 6 + d]
+        for p in range(gauss.shape[0]):
+            vd = f64(v_c[d, p])
+            dot[p] += vd * f64(cd)
+            mine[p] += vd * f64(w[p] * cd)
+    for p in range(gauss.shape[0]):
+        behind = state[p] - mine[p] if per_splat else state[p]
+        state[p] = behind if per_splat else state[p] + mine[p]
+        t = t_k[p]
+        r = f64(inv_1ma[p])
+        v = like(t, (f64(v_a[p]) - behind) * r + f64(t) * dot[p])
+        v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
+
+
+@njit(cache=True, error_model="numpy")
+def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64, v_a64, state,
+               gauss, t_k, t_nx, inv_1ma, w, v_alpha, dot, mine, absgrad, per_splat, rows):
+    """One slice ``sub`` of P pixels of a tile: adds to rows[j] the gradient of the tile's
+    flagged rows j < j_end (intersection k0 + j). per_pixel walks back to front from
+    j_end - 1, per_splat front to back.
+
+    flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
+    trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
+    per_splat running T (starts 1); v_c [D, P] upstream colour gradients, v_a [P] d loss /
+    d alpha_k through render_alphas (and per_pixel the background) times 1 - alpha_k; v_c64,
+    v_a64: float64 copies (RGB); state [P] float64 (:func:`color_rgb_pixel`; starts 0 per_pixel, at
+    the forward's float64 colour projected on v_c per_splat); the rest [P] scratch.
+    """
+    n_pix = px.shape[0]
+    f = trans[0]
+    zero = like(f, 0.0)
+    one = like(f, 1.0)
+    skip = like(f, ALPHA_SKIP)
+    clamp = like(f, ALPHA_CLAMP)
+    live = np.int32(1)
+    rgb = v_c.shape[0] == 3
+    for i in range(j_end):
+        j = i if per_splat else j_end - 1 - i
+        if flags[k0 + j, sub] == 0:
+            continue
+        mx, my, a, b, c, op = loc[j, 0], loc[j, 1], loc[j, 2], loc[j, 3], loc[j, 4], loc[j, 5]
+        k32 = np.int32(k0 + j)
+        if per_splat:
+            for p in range(n_pix):
+                t = trans[p]
+                ge, alpha, t_next, ok, _ = composite_step(a, b, c, op, mx - px[p], my - py[p],
+                                                          t, live)
+                hit = ok & (k32 <= last[p])
+                trans[p] = t_next if hit else t
+                t_k[p] = t if hit else zero  # t_k > 0 marks the pixels k contributes to
+                inv_1ma[p] = one / (one - alpha)
+                gauss[p] = ge
+        else:
+            for p in range(n_pix):
+                s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
+                ge = sm.exp_neg(s)
+                alpha = min(clamp, op * ge)
+                hit = (k32 <= last[p]) & (s >= zero) & (alpha >= skip)
+                r = one / (one - alpha)
+                t_after = trans[p]
+                t = t_after * r
+                trans[p] = t if hit else t_after
+                t_k[p] = t if hit else zero
+                t_nx[p] = t_after if hit else zero
+                inv_1ma[p] = r
+                gauss[p] = ge
+        if rgb and per_splat:
+            color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_alpha)
+        elif rgb:
+            color_rgb_pixel(j, op, loc, v_c64, v_a64, gauss, t_k, t_nx, inv_1ma, state, w,
+                            v_alpha)
+        else:
+            color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
+                      per_splat)
+        pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, rows)
