@@ -107,9 +107,7 @@ def backward_kernel(
     w = np.empty(SUB_PIXELS, dt)
     inv_1ma = np.empty(SUB_PIXELS, dt)
     v_alpha = np.empty(SUB_PIXELS, dt)
-    t_nx = np.empty(SUB_PIXELS, dt)
-    v_c64 = np.zeros((3, SUB_PIXELS), np.float64)  # RGB: float64 copies of the slice's
-    v_a64 = np.zeros(n_pad, np.float64)  # upstream gradients
+    v_c64 = np.zeros((3, SUB_PIXELS), np.float64)  # RGB: the slice's v_c in float64
     dot = np.empty(SUB_PIXELS, np.float64)
     sub64 = np.empty(SUB_PIXELS, np.float64)
     rows = np.zeros((max_len, part.shape[1]), dt)
@@ -197,18 +195,16 @@ def backward_kernel(
                 continue  # no pixel of the slice has a contribution
             if n_ch == 3:
                 for p in range(lo, hi):
-                    v_a64[p] = v_a[p]
                     for d in range(3):
                         v_c64[d, p - lo] = v_c[sub, d, p - lo]
             tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), px[lo:hi],
                        py[lo:hi], last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], v_c64,
-                       v_a64[lo:hi], state[lo:hi], gauss, t_k, t_nx, inv_1ma, w, v_alpha, dot,
-                       sub64, absgrad, per_splat, rows)
+                       state[lo:hi], gauss, t_k, inv_1ma, w, v_alpha, dot, sub64, absgrad,
+                       per_splat, rows)
         n_cols = part.shape[1]
         for j in range(n_k):  # rows in intersection order: sequential writes
-            row = start + j
             for col in range(n_cols):
-                part[row, col] = rows[j, col]
+                part[start + j, col] = rows[j, col]
 
 
 @njit(cache=True, error_model="numpy")

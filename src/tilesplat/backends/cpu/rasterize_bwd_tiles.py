@@ -12,10 +12,10 @@ A pixel-Gaussian pair contributes exactly when ``k <= last_id`` and it passes th
 per_splat replays the forward's transmittances bit for bit (``composite_step`` is the
 forward's own arithmetic) without the forward's live mask.
 
-d loss / d alpha_k of a pixel is (v_a + T_(k+1) (v_c . c_k) - S_k) / (1 - alpha_k), with S_k
-the colour behind k projected on v_c and v_a the render_alphas / background share. The two
-colour terms nearly cancel (a Gaussian as bright as what lies behind it), so the bracket is
-formed in float64 from float64 state. per_splat gets S_k as the forward's float64 colour
+d loss / d alpha_k of a pixel is T_k (v_c . c_k) + (v_a - S_k) / (1 - alpha_k), with S_k the
+colour behind k projected on v_c and v_a the render_alphas / background share. The two colour
+terms nearly cancel (a Gaussian as bright as what lies behind it), so the sum is formed in
+float64 from float64 state. per_splat gets S_k as the forward's float64 colour
 minus the forward's own float32 products w * c_d (exact to float64 rounding where it is a
 tiny difference of large sums); per_pixel sums S_k back to front.
 """
@@ -83,35 +83,17 @@ def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, 
 
 
 # The colour steps: no fast-math (per_splat needs the forward's products bit for bit). Each
-# scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it.
+# scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it. The
+# arithmetic is 9201939's, so the gradients are too.
 @njit(cache=True, inline="always", error_model="numpy")
-def color_rgb_pixel(j, op, loc, v_c64, v_a64, gauss, t_k, t_nx, inv_1ma, state, w, v_alpha):
-    """RGB per_pixel, row j of the tile (opacity op): w = alpha T_k [P], d loss / d alpha
-    v_alpha [P] (0 where the pair does not contribute or alpha is clamped), and the colour
-    behind row j, state [P] float64, updated after.
+def color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, per_splat):
+    """RGB, row j of the tile (opacity op): w = alpha T_k [P], d loss / d alpha v_alpha [P]
+    (0 where the pair does not contribute or alpha is clamped), and the colour state [P]
+    float64 (per_pixel: the colour behind row j, updated after; per_splat: the colour still
+    to come, row j's contribution, the forward's own float32 products, subtracted first).
 
-    v_c64 [3, P], v_a64 [P]: float64 upstream gradients; t_k [P] T before row j (0: no
-    contribution); t_nx [P] T after it; inv_1ma [P] 1 / (1 - alpha)."""
-    clamp = like(gauss[0], ALPHA_CLAMP)
-    zero = like(gauss[0], 0.0)
-    f64 = np.float64
-    c0d, c1d, c2d = f64(loc[j, 6]), f64(loc[j, 7]), f64(loc[j, 8])
-    for p in range(gauss.shape[0]):
-        ar = op * gauss[p]
-        t = t_k[p]
-        wp = min(clamp, ar) * t  # 0 where not hit (t_k = 0)
-        dot = v_c64[0, p] * c0d + v_c64[1, p] * c1d + v_c64[2, p] * c2d
-        behind = state[p]
-        state[p] = behind + f64(wp) * dot
-        v = like(t, v_a64[p] + f64(t_nx[p]) * dot - behind) * inv_1ma[p]
-        v_alpha[p] = v if (t > zero) & (ar <= clamp) else zero
-        w[p] = wp
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_alpha):
-    """RGB per_splat: as :func:`color_rgb_pixel`, with state [P] float64 the colour still to
-    come, row j's contribution (the forward's own float32 products) subtracted first."""
+    v_c64 [3, P]: float64 upstream colour gradients; v_a [P]; t_k [P] T before row j (0: no
+    contribution); inv_1ma [P] 1 / (1 - alpha). per_splat must be a compile-time constant."""
     clamp = like(gauss[0], ALPHA_CLAMP)
     zero = like(gauss[0], 0.0)
     f64 = np.float64
@@ -121,12 +103,17 @@ def color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_a
         ar = op * gauss[p]
         t = t_k[p]
         wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
-        dot = v_c64[0, p] * c0d + v_c64[1, p] * c1d + v_c64[2, p] * c2d
-        mine = v_c64[0, p] * f64(wp * c0) + v_c64[1, p] * f64(wp * c1) + \
-            v_c64[2, p] * f64(wp * c2)
-        behind = state[p] - mine
-        state[p] = behind
-        v = like(t, (v_a64[p] - behind) * f64(inv_1ma[p]) + f64(t) * dot)
+        v0, v1, v2 = v_c64[0, p], v_c64[1, p], v_c64[2, p]
+        dot = v0 * c0d + v1 * c1d + v2 * c2d
+        mine = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
+        r = inv_1ma[p]
+        if per_splat:
+            behind = state[p] - mine
+            state[p] = behind
+        else:
+            behind = state[p]
+            state[p] = behind + mine
+        v = like(t, f64(v_a[p] * r) + f64(t) * dot - behind * f64(r))
         v_alpha[p] = v if (t > zero) & (ar <= clamp) else zero
         w[p] = wp
 
@@ -134,8 +121,8 @@ def color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_a
 @njit(cache=True, inline="always", error_model="numpy")
 def color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
               per_splat):
-    """:func:`color_rgb_pixel` / :func:`color_rgb_splat` for any channel count D: v_c [D, P],
-    v_a [P] in the data's dtype; dot, mine [P] float64 scratch."""
+    """:func:`color_rgb` for any channel count D: v_c [D, P]; dot, mine [P] float64
+    scratch."""
     clamp = like(gauss[0], ALPHA_CLAMP)
     zero = like(gauss[0], 0.0)
     f64 = np.float64
@@ -153,24 +140,24 @@ def color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_
         behind = state[p] - mine[p] if per_splat else state[p]
         state[p] = behind if per_splat else state[p] + mine[p]
         t = t_k[p]
-        r = f64(inv_1ma[p])
-        v = like(t, (f64(v_a[p]) - behind) * r + f64(t) * dot[p])
+        r = inv_1ma[p]
+        v = like(t, f64(v_a[p] * r) + f64(t) * dot[p] - behind * f64(r))
         v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
 
 
 @njit(cache=True, error_model="numpy")
-def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64, v_a64, state,
-               gauss, t_k, t_nx, inv_1ma, w, v_alpha, dot, mine, absgrad, per_splat, rows):
+def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64, state, gauss,
+               t_k, inv_1ma, w, v_alpha, dot, mine, absgrad, per_splat, rows):
     """One slice ``sub`` of P pixels of a tile: adds to rows[j] the gradient of the tile's
     flagged rows j < j_end (intersection k0 + j). per_pixel walks back to front from
     j_end - 1, per_splat front to back.
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
-    per_splat running T (starts 1); v_c [D, P] upstream colour gradients, v_a [P] d loss /
-    d alpha_k through render_alphas (and per_pixel the background) times 1 - alpha_k; v_c64,
-    v_a64: float64 copies (RGB); state [P] float64 (:func:`color_rgb_pixel`; starts 0 per_pixel, at
-    the forward's float64 colour projected on v_c per_splat); the rest [P] scratch.
+    per_splat running T (starts 1); v_c [D, P] upstream colour gradients (v_c64: a float64
+    copy, RGB); v_a [P] d loss / d alpha_k through render_alphas (and per_pixel the
+    background) times 1 - alpha_k; state [P] float64 (:func:`color_rgb`; starts 0 per_pixel,
+    at the forward's float64 colour projected on v_c per_splat); the rest [P] scratch.
     """
     n_pix = px.shape[0]
     f = trans[0]
@@ -202,19 +189,15 @@ def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64,
                 ge = sm.exp_neg(s)
                 alpha = min(clamp, op * ge)
                 hit = (k32 <= last[p]) & (s >= zero) & (alpha >= skip)
-                r = one / (one - alpha)
-                t_after = trans[p]
-                t = t_after * r
-                trans[p] = t if hit else t_after
+                t = trans[p] / (one - alpha)
+                trans[p] = t if hit else trans[p]
                 t_k[p] = t if hit else zero
-                t_nx[p] = t_after if hit else zero
-                inv_1ma[p] = r
+                inv_1ma[p] = one / (one - alpha)
                 gauss[p] = ge
         if rgb and per_splat:
-            color_rgb_splat(j, op, loc, v_c64, v_a64, gauss, t_k, inv_1ma, state, w, v_alpha)
+            color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, True)
         elif rgb:
-            color_rgb_pixel(j, op, loc, v_c64, v_a64, gauss, t_k, t_nx, inv_1ma, state, w,
-                            v_alpha)
+            color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, False)
         else:
             color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
                       per_splat)
