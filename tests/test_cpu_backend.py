@@ -241,7 +241,8 @@ def test_isect_many_chunks_any_thread_count(packed):
     g = torch.Generator().manual_seed(4)
     means2d = torch.rand(I, N, 2, generator=g) * torch.tensor([W, H]) * 1.2 - 8
     radii = (torch.rand(I, N, 2, generator=g) * 20).int()
-    depths = (torch.rand(I, N, generator=g) * 8).round()  # many ties: listing order decides
+    # many ties (listing order decides) and negative depths (their bits sort as unsigned)
+    depths = (torch.rand(I, N, generator=g) * 8).round() - 2
     TW, TH = tile_grid(W, H, ts)
     args, kw = (means2d, radii, depths), {}
     if packed:
