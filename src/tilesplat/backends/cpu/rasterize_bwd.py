@@ -226,6 +226,24 @@ def group_by_gaussian(flatten_ids, n_gauss):
 
 
 @njit(cache=True, error_model="numpy")
+def isects_by_gaussian(flatten_ids, n_gauss):
+    """Intersections Gaussian by Gaussian (a stable counting sort): Gaussian g's are
+    order[first[g]:first[g + 1]], in increasing intersection order."""
+    first = np.zeros(n_gauss + 1, np.int64)
+    for k in range(flatten_ids.shape[0]):
+        first[flatten_ids[k] + 1] += 1
+    for g in range(n_gauss):
+        first[g + 1] += first[g]
+    cursor = first[:-1].copy()
+    order = np.empty(flatten_ids.shape[0], np.int64)
+    for k in range(flatten_ids.shape[0]):
+        g = flatten_ids[k]
+        order[cursor[g]] = k
+        cursor[g] += 1
+    return first, order
+
+
+@njit(cache=True, error_model="numpy")
 def reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g,
                acc):
     """Sums Gaussian g's rows, part[order[first_row[g]:first_row[g + 1]]], in increasing
@@ -314,9 +332,7 @@ def backward(
     n = flatten_ids.shape[0]
     dt = means2d.dtype
     np_dt = view(means2d).dtype
-    first, pos = group_by_gaussian(view(flatten_ids), n_gauss)
-    order = np.empty_like(pos)  # order[pos[k]] = k: Gaussian by Gaussian, in increasing k
-    order[pos] = np.arange(n, dtype=pos.dtype)
+    first, order = isects_by_gaussian(view(flatten_ids), n_gauss)
     part = np.empty((n, N_FIXED + n_ch), np_dt)
     bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
