@@ -13,9 +13,8 @@ forward's own float32 products from it, so the colour still to come is exact to 
 rounding even where it is a tiny difference of large sums (saturated pixels).
 
 Work: tiles over threads (``_common.parallel_for``), each tile in slices of SUB_PIXELS pixels,
-pixels vectorised (``rasterize_bwd_tiles``). The forward recorded which groups of pixels of
-each (slice, intersection) pair contribute (``rasterize_saved``); both schemes evaluate only
-those pairs, over those pixels.
+pixels vectorised (``rasterize_bwd_tiles``). The forward recorded which (slice, intersection)
+pairs contribute to a pixel (``rasterize_saved``); both schemes evaluate only those.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing

@@ -15,9 +15,9 @@ forward's own arithmetic) without the forward's live mask.
 d loss / d alpha_k of a pixel is T_k (v_c . c_k) + (v_a - S_k) / (1 - alpha_k), with S_k the
 colour behind k projected on v_c and v_a the render_alphas / background share. The two colour
 terms nearly cancel (a Gaussian as bright as what lies behind it), so the sum is formed in
-float64 from float64 state. per_splat gets S_k as the forward's float64 colour
-minus the forward's own float32 products w * c_d (exact to float64 rounding where it is a
-tiny difference of large sums); per_pixel sums S_k back to front.
+float64 from float64 state. per_splat gets S_k as the forward's float64 colour minus the
+forward's own float32 products w * c_d (exact to float64 rounding where it is a tiny
+difference of large sums); per_pixel sums S_k back to front.
 """
 
 from __future__ import annotations
