@@ -39,7 +39,10 @@ from .rasterize_bwd_tiles import (
     C_MX,
     C_MY,
     C_OP,
+    N_BUF,
     N_FIXED,
+    R_PX,
+    R_PY,
     tile_slice,
 )
 from .rasterize_fwd import init_tile_pixels
@@ -101,11 +104,7 @@ def backward_kernel(
     s_last = np.empty(max_len, np.int32)
     n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
     n_pad = n_sub * SUB_PIXELS  # pixels padded to whole slices (padding: last_id -1)
-    gauss = np.empty(SUB_PIXELS, dt)
-    t_k = np.empty(SUB_PIXELS, dt)
-    w = np.empty(SUB_PIXELS, dt)
-    inv_1ma = np.empty(SUB_PIXELS, dt)
-    v_alpha = np.empty(SUB_PIXELS, dt)
+    buf = np.zeros((N_BUF + n_ch, SUB_PIXELS), dt)  # the slice's scratch (tile_slice)
     v_c64 = np.zeros((3, SUB_PIXELS), np.float64)  # RGB: the slice's v_c in float64
     dot = np.empty(SUB_PIXELS, np.float64)
     sub64 = np.empty(SUB_PIXELS, np.float64)
@@ -192,14 +191,16 @@ def backward_kernel(
                 k_max = max(k_max, last[p])
             if k_max < start:
                 continue  # no pixel of the slice has a contribution
-            if n_ch == 3:
-                for p in range(lo, hi):
-                    for d in range(3):
+            for p in range(lo, hi):
+                buf[R_PX, p - lo] = px[p]
+                buf[R_PY, p - lo] = py[p]
+                for d in range(n_ch):
+                    buf[N_BUF + d, p - lo] = v_c[sub, d, p - lo]
+                    if n_ch == 3:
                         v_c64[d, p - lo] = v_c[sub, d, p - lo]
-            tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), px[lo:hi],
-                       py[lo:hi], last[lo:hi], trans[lo:hi], v_c[sub], v_a[lo:hi], v_c64,
-                       state[lo:hi], gauss, t_k, inv_1ma, w, v_alpha, dot, sub64, absgrad,
-                       per_splat, rows)
+            tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), last[lo:hi],
+                       trans[lo:hi], v_a[lo:hi], v_c64, state[lo:hi], buf, dot, sub64,
+                       absgrad, per_splat, rows)
         n_cols = part.shape[1]
         for j in range(n_k):  # rows in intersection order: sequential writes
             for col in range(n_cols):

@@ -40,22 +40,32 @@ N_FIXED = 8
 SUMS = {"reassoc", "nsz"}
 
 
+# Rows of the slice's scratch buffer ``buf`` [N_BUF + D, P] (P pixels of one slice): the
+# per-pair helpers get this one array and scalars. A compiled call increments and decrements
+# the reference count of every array it passes (locked instructions on memory the threads
+# share), once per call: per (slice, intersection) pair, that cost as much as the arithmetic.
+R_PX, R_PY, R_GAUSS, R_VALPHA, R_W, R_TK, R_INV = range(7)
+N_BUF = 7  # v_c [D, P] follows: rows N_BUF + d
+
+
 @njit(cache=True, fastmath=SUMS, error_model="numpy")
-def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, rows):
-    """Adds the gradient of the tile's row j from these pixels to rows[j]: means2d, conic,
-    opacity and colour (w [P] * v_c [D, P]), summed over the pixels, and (absgrad)
-    |d loss / d means2d|. v_alpha [P] is 0 where the pair does not contribute or alpha is
-    clamped."""
-    n_pix = px.shape[0]
-    f = gauss[0]
+def pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
+    """Adds the gradient of the tile's row j from the slice's pixels to rows[j]: means2d,
+    conic, opacity and colour (w * v_c), summed over the pixels, and (absgrad)
+    |d loss / d means2d|. buf [N_BUF + D, P]: pixel centres, exp(-sigma), v_alpha (0 where the
+    pair does not contribute or alpha is clamped), w = alpha T_k, and v_c [D, P] (the R_*
+    rows)."""
+    n_pix = buf.shape[1]
+    f = buf[0, 0]
     zero = like(f, 0.0)
     half = like(f, 0.5)
     s_mx = s_my = s_a = s_b = s_c = s_op = s_ax = s_ay = zero
     for p in range(n_pix):
-        dx = mx - px[p]
-        dy = my - py[p]
-        va = v_alpha[p]
-        v_s = -va * (op * gauss[p])  # d loss / d sigma
+        dx = mx - buf[R_PX, p]
+        dy = my - buf[R_PY, p]
+        va = buf[R_VALPHA, p]
+        ge = buf[R_GAUSS, p]
+        v_s = -va * (op * ge)  # d loss / d sigma
         gx = v_s * (a * dx + b * dy)
         gy = v_s * (b * dx + c * dy)
         s_mx += gx
@@ -63,7 +73,7 @@ def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, 
         s_a += half * v_s * dx * dx
         s_b += v_s * dx * dy
         s_c += half * v_s * dy * dy
-        s_op += va * gauss[p]
+        s_op += va * ge
         if absgrad:  # loop-invariant: compiled as two loops
             s_ax += abs(gx)
             s_ay += abs(gy)
@@ -75,6 +85,7 @@ def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, 
     rows[j, C_OP] += s_op
     rows[j, C_ABSX] += s_ax
     rows[j, C_ABSY] += s_ay
+    w = buf[R_W]
     for d in range(v_c.shape[0]):
         s_col = zero
         for p in range(n_pix):
@@ -82,91 +93,62 @@ def pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, 
         rows[j, N_FIXED + d] += s_col
 
 
-# The colour steps: no fast-math (per_splat needs the forward's products bit for bit). Each
+# The colour step: no fast-math (per_splat needs the forward's products bit for bit). Each
 # scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it. The
 # arithmetic is 9201939's, so the gradients are too.
 @njit(cache=True, inline="always", error_model="numpy")
-def color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, per_splat):
-    """RGB, row j of the tile (opacity op): w = alpha T_k [P], d loss / d alpha v_alpha [P]
-    (0 where the pair does not contribute or alpha is clamped), and the colour state [P]
-    float64 (per_pixel: the colour behind row j, updated after; per_splat: the colour still
-    to come, row j's contribution, the forward's own float32 products, subtracted first).
-
-    v_c64 [3, P]: float64 upstream colour gradients; v_a [P]; t_k [P] T before row j (0: no
-    contribution); inv_1ma [P] 1 / (1 - alpha). per_splat must be a compile-time constant."""
-    clamp = like(gauss[0], ALPHA_CLAMP)
-    zero = like(gauss[0], 0.0)
+def color_px(ar, t, r, va, v0, v1, v2, c0, c1, c2, st, per_splat):
+    """One pixel of the RGB colour step (scalars only: inlined into the pixel loops).
+    ar = opacity * exp(-sigma), t = T_k (0: no contribution), r = 1 / (1 - alpha), va the
+    pixel's v_a, v0..v2 its float64 upstream colour gradient, c0..c2 the colour, st its
+    colour state (``tile_slice``). Returns (w = alpha T_k, d loss / d alpha (0 where the pair
+    does not contribute or alpha is clamped), the new state). per_splat: a literal."""
+    clamp = like(t, ALPHA_CLAMP)
+    zero = like(t, 0.0)
     f64 = np.float64
-    c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
-    c0d, c1d, c2d = f64(c0), f64(c1), f64(c2)
-    for p in range(gauss.shape[0]):
-        ar = op * gauss[p]
-        t = t_k[p]
-        wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
-        v0, v1, v2 = v_c64[0, p], v_c64[1, p], v_c64[2, p]
-        dot = v0 * c0d + v1 * c1d + v2 * c2d
-        mine = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
-        r = inv_1ma[p]
-        if per_splat:
-            behind = state[p] - mine
-            state[p] = behind
-        else:
-            behind = state[p]
-            state[p] = behind + mine
-        v = like(t, f64(v_a[p] * r) + f64(t) * dot - behind * f64(r))
-        v_alpha[p] = v if (t > zero) & (ar <= clamp) else zero
-        w[p] = wp
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
-              per_splat):
-    """:func:`color_rgb` for any channel count D: v_c [D, P]; dot, mine [P] float64
-    scratch."""
-    clamp = like(gauss[0], ALPHA_CLAMP)
-    zero = like(gauss[0], 0.0)
-    f64 = np.float64
-    for p in range(gauss.shape[0]):
-        w[p] = min(clamp, op * gauss[p]) * t_k[p]
-        dot[p] = 0.0
-        mine[p] = 0.0
-    for d in range(v_c.shape[0]):
-        cd = loc[j, 6 + d]
-        for p in range(gauss.shape[0]):
-            vd = f64(v_c[d, p])
-            dot[p] += vd * f64(cd)
-            mine[p] += vd * f64(w[p] * cd)
-    for p in range(gauss.shape[0]):
-        behind = state[p] - mine[p] if per_splat else state[p]
-        state[p] = behind if per_splat else state[p] + mine[p]
-        t = t_k[p]
-        r = inv_1ma[p]
-        v = like(t, f64(v_a[p] * r) + f64(t) * dot[p] - behind * f64(r))
-        v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
+    wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
+    dot = v0 * f64(c0) + v1 * f64(c1) + v2 * f64(c2)
+    mine = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
+    if per_splat:
+        behind = st - mine
+        st_new = behind
+    else:
+        behind = st
+        st_new = behind + mine
+    v = like(t, f64(va * r) + f64(t) * dot - behind * f64(r))
+    return wp, (v if (t > zero) & (ar <= clamp) else zero), st_new
 
 
 @njit(cache=True, error_model="numpy")
-def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64, state, gauss,
-               t_k, inv_1ma, w, v_alpha, dot, mine, absgrad, per_splat, rows):
+def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_a, v_c64, state, buf, dot, mine,
+               absgrad, per_splat, rows):
     """One slice ``sub`` of P pixels of a tile: adds to rows[j] the gradient of the tile's
     flagged rows j < j_end (intersection k0 + j). per_pixel walks back to front from
     j_end - 1, per_splat front to back.
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
-    per_splat running T (starts 1); v_c [D, P] upstream colour gradients (v_c64: a float64
-    copy, RGB); v_a [P] d loss / d alpha_k through render_alphas (and per_pixel the
-    background) times 1 - alpha_k; state [P] float64 (:func:`color_rgb`; starts 0 per_pixel,
-    at the forward's float64 colour projected on v_c per_splat); the rest [P] scratch.
+    per_splat running T (starts 1); v_a [P] d loss / d alpha_k through render_alphas (and
+    per_pixel the background) times 1 - alpha_k; v_c64 [3, P] float64 upstream colour
+    gradients (RGB); state [P] float64, the colour state: per_pixel the colour behind row j
+    projected on v_c (starts 0, updated after row j), per_splat the colour still to come
+    (starts at the forward's float64 colour projected on v_c; row j's contribution, the
+    forward's own float32 products w * c_d, subtracted first). buf [N_BUF + D, P]: the caller
+    fills the pixel centres (R_PX, R_PY) and v_c (rows N_BUF + d), the rest is scratch; dot,
+    mine [P] float64 scratch (D != 3).
     """
-    n_pix = px.shape[0]
+    n_pix = buf.shape[1]
+    n_ch = buf.shape[0] - N_BUF
+    px, py, gauss, v_alpha = buf[R_PX], buf[R_PY], buf[R_GAUSS], buf[R_VALPHA]
+    w, t_k, inv_1ma = buf[R_W], buf[R_TK], buf[R_INV]
+    v_c = buf[N_BUF:]
     f = trans[0]
     zero = like(f, 0.0)
     one = like(f, 1.0)
     skip = like(f, ALPHA_SKIP)
     clamp = like(f, ALPHA_CLAMP)
     live = np.int32(1)
-    rgb = v_c.shape[0] == 3
+    f64 = np.float64
     for i in range(j_end):
         j = i if per_splat else j_end - 1 - i
         if flags[k0 + j, sub] == 0:
@@ -194,11 +176,36 @@ def tile_slice(loc, flags, sub, k0, j_end, px, py, last, trans, v_c, v_a, v_c64,
                 t_k[p] = t if hit else zero
                 inv_1ma[p] = one / (one - alpha)
                 gauss[p] = ge
-        if rgb and per_splat:
-            color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, True)
-        elif rgb:
-            color_rgb(j, op, loc, v_c64, v_a, gauss, t_k, inv_1ma, state, w, v_alpha, False)
-        else:
-            color_any(j, op, loc, v_c, v_a, gauss, t_k, inv_1ma, state, dot, mine, w, v_alpha,
-                      per_splat)
-        pair_grads(j, mx, my, a, b, c, op, px, py, gauss, v_alpha, w, v_c, absgrad, rows)
+        if n_ch == 3:
+            c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
+            if per_splat:
+                for p in range(n_pix):
+                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p], v_a[p],
+                                           v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
+                                           state[p], True)
+                    w[p], v_alpha[p], state[p] = wp, vap, st
+            else:
+                for p in range(n_pix):
+                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p], v_a[p],
+                                           v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
+                                           state[p], False)
+                    w[p], v_alpha[p], state[p] = wp, vap, st
+        else:  # any channel count
+            for p in range(n_pix):
+                w[p] = min(clamp, op * gauss[p]) * t_k[p]
+                dot[p] = 0.0
+                mine[p] = 0.0
+            for d in range(n_ch):
+                cd = loc[j, 6 + d]
+                for p in range(n_pix):
+                    vd = f64(buf[N_BUF + d, p])
+                    dot[p] += vd * f64(cd)
+                    mine[p] += vd * f64(w[p] * cd)
+            for p in range(n_pix):
+                behind = state[p] - mine[p] if per_splat else state[p]
+                state[p] = behind if per_splat else state[p] + mine[p]
+                t = t_k[p]
+                r = inv_1ma[p]
+                v = like(t, f64(v_a[p] * r) + f64(t) * dot[p] - behind * f64(r))
+                v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
+        pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows)
