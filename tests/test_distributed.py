@@ -35,11 +35,19 @@ def _init(rank: int, port: int) -> None:
                             world_size=WORLD, timeout=datetime.timedelta(seconds=60))
 
 
+def _rank(rank: int, port: int, target, *args) -> None:
+    """One rank: ``target(rank, port, *args)``; a rank that returns ends its process at once
+    (``tdist.end_rank_process``: gloo's worker threads can abort Python's finalization)."""
+    target(rank, port, *args)
+    tdist.end_rank_process()
+
+
 def _spawn(target, *args) -> None:
     """Runs target(rank, port, *args) on WORLD ranks; raises the first rank's error; never
     waits more than TIMEOUT_S; every rank is ended by its PID."""
     port = _free_port()
-    ctx = torch.multiprocessing.spawn(target, args=(port, *args), nprocs=WORLD, join=False)
+    ctx = torch.multiprocessing.spawn(_rank, args=(port, target, *args), nprocs=WORLD,
+                                      join=False)
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=1):

@@ -23,10 +23,11 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -239,6 +240,23 @@ def _worker(local_rank: int, world_size: int, fn: Callable, args: Any, backend: 
     finally:
         if world_size > 1:
             dist.destroy_process_group()
+    if world_size > 1:  # a spawned rank: its process is ours to end
+        end_rank_process()
+
+
+def end_rank_process() -> NoReturn:
+    """Ends a rank's process now, with exit status 0, after flushing its output.
+
+    On torch 2.13 a gloo worker thread can outlive ``destroy_process_group`` and release its
+    last collective's tensors while Python finalizes; taking the GIL then ends the thread
+    inside a C++ destructor and the process aborts (SIGABRT, "terminate called without an
+    active exception"; seen about once in ten 2-rank runs, in gdb:
+    ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` -> ``PyEval_AcquireThread``).
+    A rank whose work is done and written skips finalization instead. Only for processes
+    tilesplat owns (the ranks it spawns, the ``tilesplat`` command under torchrun)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch_local(world_size: int, fn: Callable, args: Any, backend: str = "gloo",
@@ -297,6 +315,10 @@ def join_torchrun(fn: Callable, args: Any, backend: str) -> None:
         dist.init_process_group(backend)
     try:
         fn(local_rank, world_rank, world_size, args)
+        if world_size > 1:
+            # no rank tears its connections down while a peer still works with them (rank 0
+            # writing a gathered model): gloo aborts a process whose pairs close mid-send
+            dist.barrier()
     finally:
         if world_size > 1:
             dist.destroy_process_group()

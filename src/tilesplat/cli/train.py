@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         job = (cfg, None, [])
     if _torchrun_world() > 1:  # this process is one rank of a torchrun job
         _join_torchrun(job)
-        return 0
+        from ..distributed import end_rank_process
+
+        end_rank_process()  # the rank's work is written: skip gloo's racy finalization
     if args.nproc > 1:
         from ..distributed import launch_local
 
