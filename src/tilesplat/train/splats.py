@@ -107,6 +107,19 @@ def set_learning_rates(
     return lr
 
 
+def activated(params: Params | dict[str, Tensor]) -> dict[str, Tensor]:
+    """The rasterizer's inputs from the stored parameters: ``means``, ``quats``, ``scales``
+    [N, 3] (exp of the logs), ``opacities`` [N] (sigmoid of the logits) and ``colors``
+    [N, K, 3] (the SH coefficients, DC first)."""
+    return {
+        "means": params["means"],
+        "quats": params["quats"],
+        "scales": torch.exp(params["scales"]),
+        "opacities": torch.sigmoid(params["opacities"]),
+        "colors": torch.cat([params["sh0"], params["shN"]], dim=1),
+    }
+
+
 def render_splats(
     params: Params | dict[str, Tensor],
     viewmats: Tensor,  # [C, 4, 4]
@@ -128,11 +141,7 @@ def render_splats(
         meta dict (``means2d``, ``radii``, ``gaussian_ids``, ``width``, ``height``, ...).
     """
     return rasterization(
-        means=params["means"],
-        quats=params["quats"],
-        scales=torch.exp(params["scales"]),
-        opacities=torch.sigmoid(params["opacities"]),
-        colors=torch.cat([params["sh0"], params["shN"]], dim=1),
+        **activated(params),
         viewmats=viewmats,
         Ks=Ks,
         width=width,

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..io.images import write_png
 from ..variants import rasterization_2dgs
+from .splats import activated
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -125,11 +126,7 @@ def render_surfels(
 ) -> SurfelRender:
     """Render the surfels from C cameras with :func:`tilesplat.rasterization_2dgs`."""
     renders, alphas, normals, from_depth, distort, median, info = rasterization_2dgs(
-        means=params["means"],
-        quats=params["quats"],
-        scales=torch.exp(params["scales"]),
-        opacities=torch.sigmoid(params["opacities"]),
-        colors=torch.cat([params["sh0"], params["shN"]], dim=1),
+        **activated(params),
         viewmats=viewmats,
         Ks=Ks,
         width=width,

@@ -208,24 +208,6 @@ def backward_kernel(
 
 
 @njit(cache=True, error_model="numpy")
-def group_by_gaussian(flatten_ids, n_gauss):
-    """CSR of intersections per Gaussian in increasing intersection order (a stable counting
-    sort): Gaussian g owns positions first[g]:first[g + 1]; intersection k is at pos[k]."""
-    first = np.zeros(n_gauss + 1, np.int64)
-    for k in range(flatten_ids.shape[0]):
-        first[flatten_ids[k] + 1] += 1
-    for g in range(n_gauss):
-        first[g + 1] += first[g]
-    cursor = first[:-1].copy()
-    pos = np.empty(flatten_ids.shape[0], np.int64)
-    for k in range(flatten_ids.shape[0]):
-        g = flatten_ids[k]
-        pos[k] = cursor[g]
-        cursor[g] += 1
-    return first, pos
-
-
-@njit(cache=True, error_model="numpy")
 def isects_by_gaussian(flatten_ids, n_gauss):
     """Intersections Gaussian by Gaussian (a stable counting sort): Gaussian g's are
     order[first[g]:first[g + 1]], in increasing intersection order."""
@@ -241,6 +223,18 @@ def isects_by_gaussian(flatten_ids, n_gauss):
         order[cursor[g]] = k
         cursor[g] += 1
     return first, order
+
+
+@njit(cache=True, error_model="numpy")
+def group_by_gaussian(flatten_ids, n_gauss):
+    """CSR of intersections per Gaussian in increasing intersection order (a stable counting
+    sort): Gaussian g owns positions first[g]:first[g + 1]; intersection k is at pos[k] (the
+    inverse of :func:`isects_by_gaussian`'s order)."""
+    first, order = isects_by_gaussian(flatten_ids, n_gauss)
+    pos = np.empty_like(order)
+    for i in range(order.shape[0]):
+        pos[order[i]] = i
+    return first, pos
 
 
 @njit(cache=True, error_model="numpy")
