@@ -33,6 +33,21 @@ def _decorate(fn):
 
 sm = scalar_math.build(_decorate, "tilesplat.backends.cpu._scalar")
 
+
+
+@njit(inline="always", error_model="numpy")
+def tile_span(t, th, tw, offs, n_isects):
+    """Tile t of the rasterizer's flat [I * TH * TW] tiles: (image, tile row, tile column,
+    first intersection, end of its intersections); ``offs`` [I * TH * TW] (the flattened
+    ``isect_offsets``), ``n_isects`` the length of ``flatten_ids``."""
+    img = t // (th * tw)
+    rest = t - img * th * tw
+    ty = rest // tw
+    tx = rest - ty * tw
+    end = offs[t + 1] if t + 1 < offs.shape[0] else n_isects
+    return img, ty, tx, offs[t], end
+
+
 POISON_INT = -(2**31) + 7
 _poison: dict[str, bool | None] = {"on": None}
 

@@ -32,7 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..scalar_math import like
-from ._common import BLOCK, alloc, parallel_for, view
+from ._common import BLOCK, alloc, parallel_for, tile_span, view
 from .cull import max_tile_len
 from .rasterize_2dgs_fwd import (
     FILTER_INV_SQUARE,
@@ -148,12 +148,7 @@ def backward_kernel(first, step, means2d, rays, colors, opacities, normals, dens
     v_c = np.empty(n_ch, np.float64)
     v_n = np.empty(3, np.float64)
     for t in range(first, n_tiles, step):
-        img = t // (th * tw)
-        rest = t - img * th * tw
-        ty = rest // tw
-        tx = rest - ty * tw
-        start = offs[t]
-        end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
         masked = has_mask and not masks[img, ty, tx]
         for k in range(start, end if masked else start):
             part[pos[k], :] = 0.0  # a masked-out tile gives no gradient

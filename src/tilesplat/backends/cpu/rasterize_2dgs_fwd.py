@@ -32,7 +32,7 @@ from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
 from ..scalar_math import like
-from ._common import alloc, parallel_for, view
+from ._common import alloc, parallel_for, tile_span, view
 from .cull import max_tile_len
 
 FILTER_INV_SQUARE = 2.0  # gsplat's weight of the 2D low-pass term (the reference's)
@@ -179,12 +179,7 @@ def forward_kernel(first, step, means2d, rays, colors, opacities, normals, densi
     acc_n = np.empty(3, np.float64)
     one = np.ones(1, dt)[0]
     for t in range(first, n_tiles, step):
-        img = t // (th * tw)
-        rest = t - img * th * tw
-        ty = rest // tw
-        tx = rest - ty * tw
-        start = offs[t]
-        end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
         if has_mask and not masks[img, ty, tx]:
             end = start
         n_k = 0

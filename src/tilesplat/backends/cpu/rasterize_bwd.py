@@ -28,7 +28,7 @@ import torch
 from numba import njit
 
 from ..scalar_math import like
-from ._common import BLOCK, alloc, parallel_for, view
+from ._common import BLOCK, alloc, parallel_for, tile_span, view
 from .cull import gather_tile, max_tile_len, splat_bounds
 from .rasterize_bwd_tiles import (
     C_A,
@@ -124,12 +124,7 @@ def backward_kernel(
     zero = like(px[0], 0.0)
     one = like(px[0], 1.0)
     for t in range(first, n_tiles, step):
-        img = t // (th * tw)
-        rest = t - img * th * tw
-        ty = rest // tw
-        tx = rest - ty * tw
-        start = offs[t]
-        end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
         init_tile_pixels(tx, ty, tile_size, width, height, px[:n_pix], py[:n_pix],
                          live[:n_pix])
         t_final[:] = one

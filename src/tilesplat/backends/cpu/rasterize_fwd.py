@@ -17,7 +17,7 @@ from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
 from ..scalar_math import like
-from ._common import alloc, parallel_for, sm, view
+from ._common import alloc, parallel_for, sm, tile_span, view
 from .cull import gather_tile, max_tile_len, splat_bounds
 from .rasterize_saved import SUB_PIXELS, alloc_saved, float_shape, n_slices
 
@@ -152,12 +152,7 @@ def forward_kernel(
     keep_flags = out_flags.shape[1] > 0
     n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
     for t in range(first, n_tiles, step):
-        img = t // (th * tw)
-        rest = t - img * th * tw
-        ty = rest // tw
-        tx = rest - ty * tw
-        start = offs[t]
-        end = offs[t + 1] if t + 1 < n_tiles else n_isects
+        img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
         if keep_flags:
             out_flags[start:end, :] = np.uint8(0)
         if has_mask and not masks[img, ty, tx]:
