@@ -10,3 +10,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test, whatever a previous test set (trainer tests: workers
+    share 2 cores and torch's intra-op threads spin-wait, ~50x slower); restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

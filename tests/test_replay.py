@@ -17,13 +17,7 @@ from tilesplat.train.checkpoint import latest_checkpoint, load_checkpoint, save_
 from tilesplat.train.config import TrainConfig
 from tilesplat.train.trainer import Trainer
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

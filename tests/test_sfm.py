@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from sfm_helpers import pose_errors, shared_room, write_colmap_text
 from tilesplat.cli import main
@@ -40,12 +39,7 @@ TRAIN = [
 CONTROL_DEG = 8.0  # the negative control's pose error: it must cost more than 1 dB
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

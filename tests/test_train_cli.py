@@ -11,13 +11,7 @@ from tilesplat.cli import main
 from tilesplat.train.init import init_params, knn_mean_distance, rgb_to_sh0, visible_half_width
 from tilesplat.train.plots import curve_image
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_train_without_data_uses_the_builtin_scene(tmp_path, capsys, monkeypatch):

@@ -20,13 +20,7 @@ from tilesplat.train.trainer import Trainer
 STEPS = 200
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Test workers share 2 cores; torch's intra-op threads then spin-wait (~50x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_train_tiny_scene_end_to_end(tmp_path, capsys):
