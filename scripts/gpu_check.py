@@ -127,11 +127,12 @@ def nvvm_preflight(cc: tuple[int, int] | None = None) -> dict[str, Any]:
             raise RuntimeError("the PTX has no kernel entry")
     except Exception as exc:
         return {"ok": False, "seconds": time.perf_counter() - t0,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
                 "message": ("NVVM preflight FAILED: numba-cuda cannot compile a one-line kernel "
-                            f"to PTX ({type(exc).__name__}: {exc}). NVVM (libnvvm) is missing "
-                            "or broken: numba-cuda takes it from the nvidia-nvvm wheel (pip "
-                            "install 'numba-cuda[cu13]') or from a CUDA toolkit (CUDA_HOME). "
+                            f"to PTX ({type(exc).__name__}: {exc}; traceback in the JSON). If NVVM "
+                            "(libnvvm) is missing or broken: numba-cuda takes it from the "
+                            "nvidia-nvvm wheel (pip install 'numba-cuda[cu13]') or from a "
+                            "CUDA toolkit (CUDA_HOME). "
                             "Every GPU step is skipped.")}
     return {"ok": True, "seconds": time.perf_counter() - t0,
             "message": f"NVVM ok: a kernel compiled to PTX for sm_{cc[0]}{cc[1]}"}
@@ -302,14 +303,21 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: %(default)s)")
     args = parser.parse_args(argv)
 
+    from tilesplat.backends.numpy_aliases import restore_numpy_aliases
+
+    shims = restore_numpy_aliases()  # before numba-cuda registers its overloads
     v = versions()
     line = version_line(v)
+    if shims:
+        line += f" (NumPy compatibility shim: {', '.join(shims)})"
     print(line, flush=True)  # the first line, before anything can fail
     report: dict[str, Any] = {"version_line": line, "versions": v, "argv": sys.argv[1:],
                               "against": args.against, "parity": [], "bench": []}
     run = Run(args.out, args.budget_s, report)
     pre = report["nvvm_preflight"] = nvvm_preflight()
     print(pre["message"], flush=True)
+    if not pre["ok"]:
+        print(pre["traceback"], flush=True)
     no_gpu = None if pre["ok"] else "NVVM preflight failed"
     run.write()
 

@@ -92,3 +92,21 @@ def test_import_compiles_nothing():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_numpy_aliases_are_restored_only_where_numpy_lacks_them(monkeypatch):
+    """numba-cuda 0.30.4 overloads np.row_stack, which NumPy 2.5 removed (the H200's image)."""
+    import numpy as np
+
+    from tilesplat.backends.numpy_aliases import restore_numpy_aliases
+
+    if hasattr(np, "row_stack"):
+        own = getattr(np, "row_stack")  # noqa: B009 - the name ruff's NPY201 flags
+        assert restore_numpy_aliases() == [] and getattr(np, "row_stack") is own  # noqa: B009
+        monkeypatch.delattr(np, "row_stack")
+    else:
+        monkeypatch.setattr(np, "row_stack", None, raising=False)
+        monkeypatch.delattr(np, "row_stack")
+    assert restore_numpy_aliases() == ["np.row_stack = np.vstack"]
+    assert getattr(np, "row_stack") is np.vstack  # noqa: B009
+    assert restore_numpy_aliases() == []

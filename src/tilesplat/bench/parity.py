@@ -8,7 +8,7 @@ difference; it passes when the failing elements are within that number.
 
 Threshold policy (how many failing elements a tensor may have; docs/gpu.md):
 
-- **Same device type** (``torch`` against ``cpu``, ``cuda`` against ``cuda``): none. The CPU
+- **Same device type, deterministic arms** (``torch`` against ``cpu``): none. The CPU
   kernels meet this against the reference on every scene we measure, garden included, and a
   failing element there has so far always been a bug or a precision loss worth fixing (the
   CPU ``per_splat`` backward once failed 38 ``v_conics`` elements on garden).
@@ -24,6 +24,13 @@ Threshold policy (how many failing elements a tensor may have; docs/gpu.md):
   failing elements, except ``EXACT_TENSORS`` (intersection keys, ``flatten_ids``, offsets:
   computed from the fed, identical inputs), which must match exactly. A kernel bug (a wrong
   formula, a race, a missed tile or batch) fails far more elements than that.
+- **Any ``cuda`` arm**, ``cuda`` against ``cuda`` too: the same allowance. The ``cuda``
+  backward adds every gradient component with float atomics, whose order changes from run
+  to run, so one arm is not even equal to itself: on an H200 (2026-11-30), four garden passes
+  of ``cuda:per_pixel`` differed from the first by up to 3.9e-3 abs (0.35 rel) in
+  ``v_conics``, and ``cuda:per_splat`` by 1.5e-3; ``cuda:per_pixel`` against
+  ``cuda:per_splat`` failed 2 of 1,227,240 ``v_conics`` elements, and each against
+  ``cpu:per_splat`` 1 to 3.
 
 Integer tensors go through the same element rule, so they must match exactly (``radii``: to
 one pixel, a ``ceil`` on an integer boundary). ``isect_ids`` are compared as two tensors: the
@@ -189,9 +196,12 @@ def compare_results(res_a: dict[str, Any], res_b: dict[str, Any], atol: float = 
 
 
 def across_devices(a: Arm, b: Arm) -> bool:
-    """True when arms ``a`` and ``b`` compute on different device types (``cpu``, ``cuda``):
-    the declared device, so a ``cuda`` arm in numba's simulator counts as ``cuda``."""
-    return a.device != b.device
+    """True when the few-failing-elements allowance applies to arms ``a`` and ``b``: they
+    compute on different device types (``cpu``, ``cuda``; the declared device, so a ``cuda``
+    arm in numba's simulator counts as ``cuda``), or either runs the ``cuda`` backend, whose
+    backward adds with float atomics in an order that changes from run to run (module
+    docstring)."""
+    return a.device != b.device or "cuda" in (a.backend, b.backend)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -289,8 +299,9 @@ def policy(across: bool) -> str:
     """The allowance rule in force, in words (for reports)."""
     if not across:
         return "same device type: 0 failing elements per tensor"
-    return (f"across device types: at most max({CROSS_DEVICE_MIN}, "
-            f"ceil({CROSS_DEVICE_FRACTION:g} x elements)) failing elements per tensor, 0 for "
+    return (f"across device types or with the cuda backend's atomics: at most "
+            f"max({CROSS_DEVICE_MIN}, ceil({CROSS_DEVICE_FRACTION:g} x elements)) failing "
+            f"elements per tensor, 0 for "
             f"{', '.join(EXACT_TENSORS)}")
 
 

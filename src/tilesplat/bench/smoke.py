@@ -142,14 +142,15 @@ def _cases(s: dict[str, Any]) -> list[tuple[str, dict[str, Any], Callable, list,
          ["tiles_per_gauss", "isect_ids", "flatten_ids", "isect_offsets"]),
     ]
     for title, scheme, options in RASTER_CASES:
-        def raster(m2, co, cl, op, bg, backend, scheme=scheme):
+        # the intersection tensors are inputs, so that they travel to the case's device
+        def raster(m2, co, cl, op, bg, off, flat, backend, scheme=scheme):
             return tilesplat.rasterize_to_pixels(
-                m2, co, cl, op, W, H, ts, offsets, flatten_ids, backgrounds=bg, absgrad=True,
+                m2, co, cl, op, W, H, ts, off, flat, backgrounds=bg, absgrad=True,
                 backward_scheme=scheme, return_last_ids=True, backend=backend)
 
         cases.append((f"rasterize_to_pixels {title}", options, raster,
                       [s["means2d"], s["conics"], s["colors"], s["opacities2d"],
-                       s["backgrounds"]],
+                       s["backgrounds"], offsets, flatten_ids],
                       ["render_colors", "render_alphas", "last_ids", "v_means2d", "v_conics",
                        "v_colors", "v_opacities", "v_backgrounds"]))
     return cases

@@ -13,6 +13,10 @@ except ImportError as exc:  # the registry reports it: backend 'cuda' unavailabl
         f"backend 'cuda' needs numba-cuda: pip install 'tilesplat[cuda]' ({exc})"
     ) from exc
 
+from ..numpy_aliases import restore_numpy_aliases  # noqa: E402
+
+restore_numpy_aliases()  # before numba.cuda registers its NumPy overloads
+
 from .runtime import check_numba_cuda_version  # noqa: E402
 
 check_numba_cuda_version(getattr(numba_cuda, "__version__", "0"))
