@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..train.config import TrainConfig
+    from ..train.device import training_device
     from ..train.gate import checked_config
 
     cfg, layout = checked_config(args.config, args.overrides)
@@ -31,8 +32,12 @@ def run(args: argparse.Namespace) -> int:
     changed = [
         f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)
     ]
+    try:  # a valid config may ask for a GPU this machine lacks: say so, it is still valid
+        device = f"{training_device(cfg)}"
+    except ValueError as exc:
+        device = f"none on this machine ({exc})"
     print(
-        f"{args.config}: valid; data: {layout}; "
+        f"{args.config}: valid; data: {layout}; device: {device}; "
         f"differs from the defaults in: {', '.join(changed) or 'nothing'}"
     )
     return 0

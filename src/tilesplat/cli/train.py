@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = prepare_images(cfg, args.images)
         if (args.nproc > 1 or _torchrun_world() > 1) and cfg.parallel == "none":
             cfg = apply_overrides(cfg, ["parallel=data"])
+        from ..train.device import training_device
+
+        training_device(cfg)  # a device this machine cannot give fails before any work
         job = (cfg, None, [])
     if _torchrun_world() > 1:  # this process is one rank of a torchrun job
         _join_torchrun(job)
@@ -170,6 +173,5 @@ def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -
 def _join_torchrun(job: tuple) -> None:
     from ..distributed import join_torchrun
 
-    cfg = job[0]
-    join_torchrun(_train_rank, job, "nccl" if cfg is not None and cfg.backend == "cuda"
-                  else "gloo")
+    # distributed training keeps its tensors on the CPU (train/device.py refuses a GPU)
+    join_torchrun(_train_rank, job, "gloo")

@@ -222,6 +222,13 @@ class TrainConfig:
 
     # --- rendering ---
     backend: str = _f("auto", "rasterization backend: auto, torch, cpu or cuda", "render", BACKENDS)
+    device: str = _f(
+        "auto",
+        "where the model, its optimiser and every batch live: cpu, cuda or cuda:N; auto: cuda "
+        "with backend = 'cuda', or with backend = 'auto' when torch sees a GPU (and parallel "
+        "= 'none'), else cpu (docs/training.md, Training on a GPU)",
+        "render",
+    )
     backward_scheme: str = _f(
         "per_pixel", "rasterizer backward: per_pixel or per_splat", "render", BACKWARD_SCHEMES
     )
@@ -332,6 +339,18 @@ class TrainConfig:
             0 <= self.viewer_port <= 65535,
             f"viewer_port must be in 0..65535, got {self.viewer_port}",
         )
+        from .device import device_format_error, is_cuda_name
+
+        bad_device = device_format_error(self.device)
+        if bad_device is not None:
+            errors.append(bad_device)
+        elif is_cuda_name(self.device):
+            need(self.backend != "cpu",
+                 f"backend = 'cpu' runs on CPU tensors, got device = {self.device!r}: set "
+                 "backend = 'cuda' (or 'auto') to train on the GPU, or device = 'cpu'")
+            need(self.parallel == "none",
+                 f"parallel = {self.parallel!r} trains on the CPU only (gloo collectives), got "
+                 f"device = {self.device!r}: set parallel = 'none' or device = 'cpu'")
         if self.parallel == "model":
             need(not (self.absgrad and self.strategy == "default"),
                  "parallel = 'model' has no absgrad (rasterization(distributed=True) does not "

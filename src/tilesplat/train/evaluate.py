@@ -14,6 +14,7 @@ from torch import Tensor
 from ..data.dataset import Frame
 from ..io.images import write_png
 from .config import TrainConfig
+from .device import training_device
 from .metrics import psnr, ssim_metric
 from .splats import render_splats
 from .twodgs import SurfelRender, render_surfels, write_surfel_renders
@@ -22,14 +23,16 @@ from .twodgs import SurfelRender, render_surfels, write_surfel_renders
 def render_frame(
     params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
 ) -> Tensor:
-    """The model seen from ``frame``'s camera at the full SH degree: [H, W, 3] in [0, 1]."""
-    bg = torch.tensor([list(background)], dtype=torch.float32)
+    """The model seen from ``frame``'s camera at the full SH degree: [H, W, 3] in [0, 1], on
+    the parameters' device."""
+    device = params["means"].device
+    bg = torch.tensor([list(background)], dtype=torch.float32, device=device)
     if cfg.model == "2dgs":
         return render_surfel_frame(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
     colors, _, _ = render_splats(
         params,
-        frame.viewmat[None].float(),
-        frame.K[None].float(),
+        frame.viewmat[None].float().to(device),
+        frame.K[None].float().to(device),
         frame.width,
         frame.height,
         cfg,
@@ -42,16 +45,18 @@ def render_frame(
 def render_surfel_frame(
     params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
 ) -> SurfelRender:
-    """A 2DGS model seen from ``frame``'s camera, with normals and expected depth (C = 1)."""
+    """A 2DGS model seen from ``frame``'s camera, with normals and expected depth (C = 1), on
+    the parameters' device."""
+    device = params["means"].device
     return render_surfels(
         params,
-        frame.viewmat[None].float(),
-        frame.K[None].float(),
+        frame.viewmat[None].float().to(device),
+        frame.K[None].float().to(device),
         frame.width,
         frame.height,
         cfg,
         sh_degree=cfg.sh_degree,
-        backgrounds=torch.tensor([list(background)], dtype=torch.float32),
+        backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
         expected_depth=True,
     )
 
@@ -76,6 +81,10 @@ def evaluate(
 ) -> dict[str, Any]:
     """Render every frame, compare with its image, optionally write the renders as PNG.
 
+    The views render on the config's device (:func:`.device.training_device`; the
+    parameters are moved there when they are elsewhere), the PNGs and numbers come back
+    to the CPU.
+
     Args:
         params: model parameters (see ``splats.py``).
         frames: the views to evaluate.
@@ -91,6 +100,8 @@ def evaluate(
     """
     if not frames:
         raise ValueError("no frames to evaluate")
+    device = training_device(cfg)
+    params = {k: v.to(device) for k, v in params.items()}  # no copy when they are there
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -106,7 +117,7 @@ def evaluate(
         else:
             image = render_frame(params, frame, cfg, background)
         render_time += time.perf_counter() - t0
-        target = frame.image.float()
+        target = frame.image.to(device).float()
         view: dict[str, Any] = {
             "name": frame.name,
             "psnr": psnr(image, target),

@@ -13,17 +13,28 @@ from .losses import ssim
 
 
 @torch.no_grad()
+def squared_error(render: Tensor, target: Tensor) -> Tensor:
+    """Mean squared error over every element, a float64 [] tensor on the images' device
+    (not read back). render, target: [..., H, W, C]."""
+    if render.shape != target.shape:
+        raise ValueError(
+            f"psnr: images differ in shape, {tuple(render.shape)} vs {tuple(target.shape)}"
+        )
+    return ((render.double() - target.double()) ** 2).mean()
+
+
+def psnr_of_mse(mse: float) -> float:
+    """PSNR in dB of a mean squared error of images in [0, 1]; ``inf`` for 0."""
+    return math.inf if mse == 0.0 else -10.0 * math.log10(mse)
+
+
+@torch.no_grad()
 def psnr(render: Tensor, target: Tensor) -> float:
     """Peak signal-to-noise ratio in dB for images in [0, 1]. render, target: [..., H, W, C].
 
     The mean squared error is taken over every element; identical images give ``inf``.
     """
-    if render.shape != target.shape:
-        raise ValueError(
-            f"psnr: images differ in shape, {tuple(render.shape)} vs {tuple(target.shape)}"
-        )
-    mse = float(((render.double() - target.double()) ** 2).mean())
-    return math.inf if mse == 0.0 else -10.0 * math.log10(mse)
+    return psnr_of_mse(float(squared_error(render, target)))
 
 
 @torch.no_grad()
@@ -50,7 +61,8 @@ def make_lpips(net: str = "alex") -> Callable[[Tensor, Tensor], float] | None:
         return None
 
     @torch.no_grad()
-    def score(render: Tensor, target: Tensor) -> float:
+    def score(render: Tensor, target: Tensor) -> float:  # on the CPU, where the network is
+        render, target = render.cpu(), target.cpu()
         to_nchw = lambda im: im.float().permute(2, 0, 1)[None] * 2.0 - 1.0  # [-1, 1] expected
         return float(model(to_nchw(render), to_nchw(target)).mean())
 

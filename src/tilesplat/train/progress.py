@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
+
+from torch import Tensor
+
+# A shown number: a 0-dim tensor (read back only when the line is drawn) or a function
+# giving the number (called only then).
+Value = float | int | Tensor | Callable[[], float]
 
 
 def _clock(seconds: float) -> str:
@@ -34,8 +41,11 @@ class Progress:
         self.every = max(1, (total - initial) // 10)
         self.width = 0
 
-    def update(self, step: int, **values: float) -> None:
-        """``step`` steps are done; ``values`` (e.g. loss, psnr, gaussians) are shown."""
+    def update(self, step: int, **values: Value) -> None:
+        """``step`` steps are done; ``values`` (e.g. loss, psnr, gaussians) are shown.
+
+        A tensor or function value is read only when the line is drawn, so that a training
+        step on a GPU does not wait for its numbers every time."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -50,7 +60,9 @@ class Progress:
         rate = done / max(now - self.t0, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else 0.0
         parts = [f"{step}/{self.total}", f"{rate:.2f} steps/s"]
-        for key, v in values.items():
+        for key, value in values.items():
+            v = value() if callable(value) else value
+            v = float(v) if isinstance(v, Tensor) else v
             parts.append(f"{key} {v:d}" if isinstance(v, int) else f"{key} {v:.4g}")
         parts.append(f"{_clock(now - self.t0)}<{_clock(eta)}")
         line = "  ".join(parts)

@@ -140,13 +140,14 @@ def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = Fals
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
+        cpu = {k: v.detach().cpu() for k, v in params.items()}  # the file is written from there
         save_ply(
             path,
-            params["means"],
-            params["quats"],
-            flatten_scales(params["scales"]) if surfels else params["scales"],
-            params["opacities"],
-            torch.cat([params["sh0"], params["shN"]], dim=1),
+            cpu["means"],
+            cpu["quats"],
+            flatten_scales(cpu["scales"]) if surfels else cpu["scales"],
+            cpu["opacities"],
+            torch.cat([cpu["sh0"], cpu["shN"]], dim=1),
         )
     return path
 

@@ -91,14 +91,17 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
     """The batch of ``frames`` (one image size); ``background`` [3] is the dataset's.
 
     With ``random_background`` every camera gets a colour from the global torch RNG (one
-    ``torch.rand(C, 3)`` draw) and the targets with alpha are recomposited on it.
+    ``torch.rand(C, 3)`` draw on the CPU, whatever the device) and the targets with alpha are
+    recomposited on it. The images and backgrounds are on the images' device; the cameras
+    on theirs (see :meth:`Batch.to`).
     """
     viewmats = torch.stack([f.viewmat for f in frames]).float()
     Ks = torch.stack([f.K for f in frames]).float()
     target = torch.stack([f.image for f in frames]).float()  # [C, H, W, 3]
+    background = background.to(target.device)
     n_cams = len(frames)
     if random_background:
-        bg = torch.rand(n_cams, 3)
+        bg = torch.rand(n_cams, 3).to(target.device)
         if all(f.alpha is not None for f in frames):
             alpha = torch.stack([f.alpha for f in frames]).float()  # [C, H, W, 1]
             target = recomposite(target, alpha, background, bg)

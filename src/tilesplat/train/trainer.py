@@ -23,8 +23,9 @@ from ..data.dataset import SceneDataset
 from ..strategy import DefaultStrategy, MCMCStrategy, Strategy
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
+from .device import device_frames, to_device, training_device
 from .init import init_params, random_points, visible_half_width
-from .metrics import psnr
+from .metrics import psnr_of_mse, squared_error
 from .model_parallel import ModelParallel, even_counts
 from .parallel import DataParallel
 from .progress import Progress
@@ -150,14 +151,22 @@ class Trainer:
             raise ValueError(
                 f"batch_size > 1 needs training images of one size, got {sorted(sizes)}"
             )
-        self.background = torch.tensor(dataset.background, dtype=torch.float32)
+        self.device = training_device(cfg)
+        self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
+        self.train_frames = device_frames(dataset.train, self.device)
         self.strategy = make_strategy(cfg)
         self.scene_scale = float(dataset.scene_radius)
+        # (loss [], squared error []) of the steps not yet logged, on the device: read back
+        # at the log steps, so that a step on the GPU waits for no number
+        self._pending: list[tuple[Tensor, Tensor]] = []
         if checkpoint is None:
-            torch.manual_seed(cfg.seed)
-            self.params = make_params(initial_gaussians(cfg, dataset))
+            torch.manual_seed(cfg.seed)  # on the CPU and every GPU
+            # drawn on the CPU, so that every device starts from the same Gaussians
+            self.params = make_params(initial_gaussians(cfg, dataset), device=self.device)
             self.optimizers = make_optimizers(self.params, cfg, self.scene_scale)
-            self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+            self.strategy_state = to_device(
+                self.strategy.initialize_state(scene_scale=self.scene_scale), self.device
+            )
             self.step = 0
             self.elapsed = 0.0
             self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
@@ -236,12 +245,15 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any] | None:
         """Everything the next step depends on, loadable with ``weights_only=True`` (the whole
-        model; None on the ranks > 0 of a model-parallel job, which must call it too)."""
+        model; None on the ranks > 0 of a model-parallel job, which must call it too). Its
+        tensors are on the CPU whatever the training device; a run on a GPU adds
+        ``cuda_rng``, the state of its GPU's generator."""
+        self._flush_pending()
         whole = self._whole_model()
         if whole is None:
             return None
-        params, optim, strategy_state = whole
-        return {
+        params, optim, strategy_state = to_device(whole, "cpu")
+        state = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "params": params,
@@ -254,6 +266,9 @@ class Trainer:
             "elapsed": self.elapsed,
             "scene_scale": self.scene_scale,
         }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     def _load_state(self, ckpt: dict[str, Any]) -> None:
         if ckpt.get("format") != CHECKPOINT_FORMAT:
@@ -262,12 +277,21 @@ class Trainer:
             )
         self.step = int(ckpt["step"])
         self.scene_scale = float(ckpt["scene_scale"])
-        self.params, self.optimizers = restore_model(ckpt, self.cfg)
-        self.strategy_state = dict(ckpt["strategy_state"])
+        self.params, self.optimizers = restore_model(ckpt, self.cfg, self.device)
+        self.strategy_state = to_device(dict(ckpt["strategy_state"]), self.device)
         self.history = {k: list(ckpt["history"].get(k, [])) for k in HISTORY_KEYS}
         self.window = list(ckpt["window"])
         self.elapsed = float(ckpt["elapsed"])
         torch.set_rng_state(ckpt["rng"])
+        if self.device.type == "cuda":
+            # the GPU's noise (splits, MCMC) continues where it stopped; a checkpoint from the
+            # CPU has no such state: the GPU's generator starts from the seed and the step
+            rng = ckpt.get("cuda_rng")
+            if isinstance(rng, Tensor):
+                torch.cuda.set_rng_state(rng, self.device)
+            else:
+                with torch.cuda.device(self.device):
+                    torch.cuda.manual_seed(self.cfg.seed * 1_000_003 + self.step)
 
     @property
     def writes(self) -> bool:
@@ -299,15 +323,20 @@ class Trainer:
         """Training-frame indices of ``step``: epochs of seeded permutations, no state kept."""
         return self.order.indices(step)
 
-    def train_step(self, step: int) -> tuple[float, float]:
-        """One optimisation step (render, loss, backward, Adam, densify); (loss, PSNR)."""
+    def train_step(self, step: int) -> tuple[Tensor, Tensor]:
+        """One optimisation step (render, loss, backward, Adam, densify).
+
+        Returns:
+            (loss [], squared error [] float64: the mean over the batch's pixels of the
+            clamped render against the target), on the training device, not read back.
+        """
         cfg = self.cfg
         indices = self.batch_indices(step)
         par, shard = self.parallel, self.sharded
         if par is not None:
             indices = par.my_slice(indices)
-        frames = [self.dataset.train[i] for i in indices]
-        batch = make_batch(frames, self.background, cfg.random_background)
+        frames = [self.train_frames[i] for i in indices]
+        batch = make_batch(frames, self.background, cfg.random_background).to(self.device)
         res = optimization_step(
             self.params,
             self.optimizers,
@@ -350,15 +379,25 @@ class Trainer:
                 self.rebalances.append((step, before, list(self._counts)))
         elif par is not None:
             par.check_in_sync(self.params, step)
-        return float(res.loss), psnr(res.colors.clamp(0.0, 1.0), batch.target)
+        return res.loss, squared_error(res.colors.clamp(0.0, 1.0), batch.target)
 
     # --- the loop ------------------------------------------------------------------------
 
-    def _record(self, loss: float, step_psnr: float) -> None:
-        self.window[0] += loss
-        self.window[1] += step_psnr
-        self.window[2] += 1
+    def _flush_pending(self) -> None:
+        """Add the pending steps' loss and PSNR to the log window (one read-back)."""
+        if not self._pending:
+            return
+        numbers = torch.stack([torch.stack([loss.double(), mse]) for loss, mse in self._pending])
+        self._pending = []
+        for loss, mse in numbers.tolist():
+            self.window[0] += loss
+            self.window[1] += psnr_of_mse(mse)
+            self.window[2] += 1
+
+    def _record(self, loss: Tensor, mse: Tensor) -> None:
+        self._pending.append((loss, mse))
         if self.step % self.cfg.log_every == 0 or self.step == self.cfg.steps:
+            self._flush_pending()
             n = self.window[2]
             self.history["step"].append(self.step)
             self.history["time"].append(round(self.elapsed, 3))
@@ -403,10 +442,10 @@ class Trainer:
             try:
                 while self.step < cfg.steps:
                     t0 = time.perf_counter()
-                    loss, step_psnr = self.train_step(self.step)
+                    loss, mse = self.train_step(self.step)
                     self.step += 1
                     self.elapsed += time.perf_counter() - t0
-                    self._record(loss, step_psnr)
+                    self._record(loss, mse)
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
                         self.history["test_step"].append(self.step)
                         self.history["test_time"].append(round(self.elapsed, 3))
@@ -422,13 +461,13 @@ class Trainer:
                         and self.step < cfg.steps
                     ):
                         self.save_checkpoint()
-                    progress.update(
-                        self.step, loss=loss, psnr=step_psnr, gaussians=self.n_gaussians
-                    )
+                    # read back only when the line is drawn (at most 5 times a second)
+                    progress.update(self.step, loss=loss,
+                                    psnr=lambda m=mse: psnr_of_mse(float(m)),
+                                    gaussians=self.n_gaussians)
                     if viewer is not None:
-                        viewer.after_step(
-                            self.step, loss, step_psnr, self.params, lambda: stop.requested
-                        )
+                        viewer.after_step(self.step, float(loss), psnr_of_mse(float(mse)),
+                                          self.params, lambda: stop.requested)
             finally:
                 progress.close()
                 if viewer is not None:

@@ -1,0 +1,138 @@
+"""Where a training run's tensors live: the ``device`` key resolved, and moves between devices.
+
+``device = "auto"`` is ``cuda`` when the run renders with the ``cuda`` backend, or with
+``auto`` while torch sees a GPU (then ``backend = "auto"`` picks the ``cuda`` kernels, as the
+registry chooses the native backend of the tensors' device); otherwise ``cpu``. Under numba's
+CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the ``cuda`` backend runs on CPU tensors, so the
+run's device is then the CPU (as :attr:`tilesplat.bench.arms.Arm.torch_device` does for a
+bench arm).
+
+The parameters, their Adam states, the batch, the background, the strategy's statistics, the
+loss and the evaluation live on that device; checkpoints, PLY files, PNG renders, the viewer's
+data and the logged numbers go through the CPU, so a checkpoint does not depend on where it
+was written.
+
+Distributed training (``parallel`` = ``data`` or ``model``) runs on the CPU only: its
+collectives go through gloo on CPU tensors, and one GPU per rank (NCCL) is not built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..backends.registry import cuda_simulator
+from ..data.frames import Frame
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+# The training images are kept on the GPU when they take at most this share of its memory
+# (the built-in scene: 48 MB; 300 views of 1.2 MP: 4.3 GB, an eighth of a 40 GB GPU);
+# otherwise each batch's images are copied there.
+IMAGE_CACHE_SHARE = 1 / 8
+_CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
+
+
+def device_format_error(device: str) -> str | None:
+    """Why ``device`` is not a valid value of the key (None when it is)."""
+    if device in DEVICES or _CUDA_INDEX.match(device):
+        return None
+    return f"device must be one of {list(DEVICES)} or 'cuda:N' (N >= 0), got {device!r}"
+
+
+def is_cuda_name(device: str) -> bool:
+    """Whether ``device`` names a GPU (``cuda`` or ``cuda:N``)."""
+    return device == "cuda" or bool(_CUDA_INDEX.match(device))
+
+
+def training_device(cfg: TrainConfig) -> torch.device:
+    """The device a run of ``cfg`` trains on (``device`` resolved on this machine).
+
+    Raises:
+        ValueError: naming the keys, when the device cannot serve the config here: a GPU
+            that torch does not see (or an index beyond its GPUs), ``device = "cuda"`` under
+            numba's simulator, ``backend = "cuda"`` on the CPU outside the simulator, or a
+            distributed run on a GPU.
+    """
+    simulated = cuda_simulator()
+    name = cfg.device
+    if name == "auto":
+        gpu = cfg.backend == "cuda" or (
+            cfg.backend == "auto" and cfg.parallel == "none" and torch.cuda.is_available()
+        )
+        name = "cuda" if gpu and not simulated else "cpu"
+    if is_cuda_name(name):
+        _check_gpu(cfg, name, simulated)
+    elif cfg.backend == "cuda" and not simulated:
+        raise ValueError(
+            f"backend = 'cuda' needs device = 'cuda' (or 'auto'), got device = {cfg.device!r}: "
+            "the cuda kernels take CUDA tensors"
+        )
+    return torch.device(name)
+
+
+def _check_gpu(cfg: TrainConfig, name: str, simulated: bool) -> None:
+    via = "" if cfg.device != "auto" else f" (device = 'auto' with backend = {cfg.backend!r})"
+    if simulated:
+        raise ValueError(
+            f"device = {cfg.device!r} under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): "
+            "the simulator runs backend 'cuda' on CPU tensors; set device = 'auto' or 'cpu'"
+        )
+    if cfg.parallel != "none":
+        raise ValueError(
+            f"parallel = {cfg.parallel!r} trains on the CPU only (gloo collectives), got "
+            f"device {name!r}{via}: set parallel = 'none' to train on one GPU, or "
+            "device = 'cpu' and backend = 'cpu'"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {name!r}{via} needs a GPU, and torch sees none "
+            "(torch.cuda.is_available() is False): set device = 'cpu' and backend = 'auto' "
+            "or 'cpu'"
+        )
+    index = _CUDA_INDEX.match(name)
+    count = torch.cuda.device_count()
+    if index is not None and int(index.group(1)) >= count:
+        raise ValueError(
+            f"device = {name!r}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}"
+        )
+
+
+def device_frames(frames: Sequence[Frame], device: torch.device) -> list[Frame]:
+    """``frames`` with their cameras on ``device``, and their images and alphas too when
+    they fit in ``IMAGE_CACHE_SHARE`` of its memory (on the CPU: the frames themselves)."""
+    if device.type == "cpu":
+        return list(frames)
+    nbytes = sum(f.image.nbytes + (0 if f.alpha is None else f.alpha.nbytes) for f in frames)
+    cache = nbytes <= IMAGE_CACHE_SHARE * torch.cuda.get_device_properties(device).total_memory
+    return [
+        dataclasses.replace(
+            f,
+            viewmat=f.viewmat.to(device),
+            K=f.K.to(device),
+            image=f.image.to(device) if cache else f.image,
+            alpha=f.alpha.to(device) if cache and f.alpha is not None else f.alpha,
+        )
+        for f in frames
+    ]
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
+    copied with the same structure, anything else is returned as it is. A tensor already on
+    ``device`` is returned itself (no copy). (The bench has its twin in ``bench/arms.py``:
+    importing this package from there would import Pillow, which the GPU check runs
+    without.)"""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
