@@ -24,7 +24,11 @@ Steps, the most valuable numbers first:
 3. bench (:func:`tilesplat.bench.run_bench`) of ``cuda:per_pixel`` and ``cuda:per_splat`` on
    the last scene (the 4 ms target's), then parity there, then the bench on the other scenes;
 4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
-   batches of 256.
+   batches of 256;
+5. train the built-in scene on the GPU: ``tilesplat train`` (:func:`tilesplat.train.train_run`,
+   in this process) with ``backend = "cuda"`` for ``--train-steps`` steps (default 500) at
+   the default size, no progress line, into a temporary folder: steps/s, test PSNR and the
+   Gaussian count (needs Pillow: the built-in scene is PNG files; skipped without it).
 
 Usage::
 
@@ -39,6 +43,7 @@ only rehearses this script (slowly: every GPU thread is a Python thread).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import re
@@ -213,6 +218,35 @@ def _bench(scene: str, arms: list[str], options: dict[str, Any], quick: bool) ->
     return res
 
 
+def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda") -> dict[str, Any]:
+    """A ``tilesplat train`` run of the built-in scene with ``backend``, in a temporary
+    folder; its speed, test PSNR and Gaussian count. ``tiny``: a 16-pixel scene of 2 views
+    (a rehearsal under the simulator)."""
+    from tilesplat.train.config import TrainConfig
+    from tilesplat.train.device import training_device
+    from tilesplat.train.run import train_run
+
+    keys: dict[str, Any] = {"backend": backend, "steps": steps, "progress": False,
+                            "lpips": False, "save_renders": False, "save_ply": False,
+                            "checkpoint_every": 0}
+    if tiny:
+        keys.update(synthetic_size=16, synthetic_train=2, synthetic_test=1, init_points=50)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-train-") as tmp:
+        cfg = TrainConfig(run_dir=os.path.join(tmp, "run"), cache_dir=os.path.join(tmp, "cache"),
+                          **keys).validate()
+        device = str(training_device(cfg))
+        _, metrics = train_run(cfg, log=lambda line: None)
+    seconds = metrics["train_seconds"]
+    return {"scene": f"built-in {cfg.synthetic_size}px, {cfg.synthetic_train} train / "
+                     f"{cfg.synthetic_test} test views",
+            "backend": cfg.backend, "device": device, "steps": steps,
+            "train_seconds": seconds, "steps_per_s": steps / seconds if seconds else None,
+            "test_psnr": metrics["psnr"], "test_ssim": metrics["ssim"],
+            "n_gaussians": metrics["n_gaussians"],
+            "wall_seconds": time.perf_counter() - t0}  # with the scene's generation
+
+
 def _f(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -278,6 +312,18 @@ def tables(report: dict[str, Any]) -> str:
                     f"{_f(arm['ms']['staged_total']['median'])} | "
                     f"{'PASS' if gate['passed'] else 'FAIL'} ({gate.get('n_fail', '-')} failing) |")
         lines.append("")
+    train = report.get("train")
+    if train:
+        lines += ["## Training the built-in scene (tilesplat train)", "",
+                  "Steps/s over the training loop (evaluation and the scene's generation "
+                  "excluded); test PSNR and SSIM at the end.", "",
+                  "| scene | backend | device | steps | steps/s | train s | test PSNR | "
+                  "test SSIM | Gaussians |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+                  f"| {train['scene']} | {train['backend']} | {train['device']} | "
+                  f"{train['steps']} | {_f(train['steps_per_s'], 1)} | "
+                  f"{_f(train['train_seconds'], 1)} | {_f(train['test_psnr'], 2)} | "
+                  f"{_f(train['test_ssim'], 4)} | {train['n_gaussians']:,} |", ""]
     lines += ["## Steps", "", "| step | status | started s | seconds |",
               "| --- | --- | --- | --- |"]
     for s in report["steps"]:
@@ -301,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=360.0,
                         help="skip steps that would start after this many seconds "
                         "(default: %(default)s)")
+    parser.add_argument("--train-steps", type=int, default=500,
+                        help="steps of the training run on the built-in scene (default: "
+                        "%(default)s; 2 with --quick or under the simulator)")
     args = parser.parse_args(argv)
 
     from tilesplat.backends.numpy_aliases import restore_numpy_aliases
@@ -365,6 +414,19 @@ def main(argv: list[str] | None = None) -> int:
     for scene in reversed(scenes):
         for variant in variants:
             bench(scene, *variant)
+
+    tiny_train = sim or args.quick
+    no_pil = (None if importlib.util.find_spec("PIL") is not None
+              else "Pillow is not installed: the built-in scene is PNG files")
+    train = run.step("train the built-in scene on the GPU",
+                     lambda: train_builtin_scene(2 if tiny_train else args.train_steps,
+                                                 tiny_train),
+                     skip=no_gpu or no_pil)
+    if train is not None:
+        report["train"] = train
+        print(f"trained {train['scene']} for {train['steps']} steps on {train['device']}: "
+              f"{_f(train['steps_per_s'], 1)} steps/s, test PSNR {_f(train['test_psnr'], 2)}, "
+              f"{train['n_gaussians']:,} Gaussians", flush=True)
 
     report["elapsed_s"] = round(run.elapsed(), 1)
     run.write()
