@@ -5,17 +5,16 @@ An arm is written ``backend[:scheme][@device]``: ``torch``, ``cpu:per_splat``,
 to ``cuda`` for the ``cuda`` backend and ``cpu`` otherwise.
 
 Every tensor an arm gets (its copy of the scene, the upstream gradient, and whatever another
-arm's pass feeds it) goes through :func:`to_device` to :attr:`Arm.torch_device`, the one place
-that says where an arm's tensors live. Under numba's CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1``) the ``cuda`` backend runs its kernels on numpy views of CPU
-tensors, so a ``cuda``-backend arm keeps the device ``cuda`` in its name and in the reports
-but its tensors live on the CPU.
+arm's pass feeds it) goes through :func:`tilesplat.data.tensors.to_device` to
+:attr:`Arm.torch_device`, the one place that says where an arm's tensors live. Under
+numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the ``cuda`` backend runs its kernels
+on numpy views of CPU tensors, so a ``cuda``-backend arm keeps the device ``cuda`` in its
+name and in the reports but its tensors live on the CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -55,19 +54,6 @@ class Arm:
         if self.backend == "cuda" and registry.cuda_simulator():
             return torch.device("cpu")
         return torch.device(self.device)
-
-
-def to_device(obj: Any, device: torch.device) -> Any:
-    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
-    copied with the same structure, anything else is returned as it is. A tensor already on
-    ``device`` is returned itself (no copy)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device) for v in obj)
-    return obj
 
 
 def parse_arm(spec: str) -> Arm:

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from ..constants import BACKWARD_SCHEMES
-from .arms import parse_arm, to_device
+from ..data.tensors import to_device
+from .arms import parse_arm
 from .parity import ATOL, RTOL, allowed_failures, compare, compare_radii
 
 # (case name, backward scheme, cuda options) of the rasterizer cases

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..data.scenes import Scene
+from ..data.tensors import to_device
 from ..ops import (
     fully_fused_projection,
     isect_offset_encode,
@@ -34,7 +35,7 @@ from ..ops import (
     spherical_harmonics,
 )
 from ..rendering import rasterization
-from .arms import Arm, to_device
+from .arms import Arm
 from .timing import StageTimer
 
 STAGES = (

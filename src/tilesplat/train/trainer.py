@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 
 from ..data.dataset import SceneDataset
+from ..data.tensors import to_device
 from ..strategy import DefaultStrategy, MCMCStrategy, Strategy
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
-from .device import device_frames, to_device, training_device
+from .device import device_frames, training_device
 from .init import init_params, random_points, visible_half_width
 from .metrics import psnr_of_mse, squared_error
 from .model_parallel import ModelParallel, even_counts

@@ -1,0 +1,20 @@
+"""Moving nested tensor structures between devices (the bench's arms, the trainer's state)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
+    copied with the same structure, anything else is returned as it is. A tensor already on
+    ``device`` is returned itself (no copy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
