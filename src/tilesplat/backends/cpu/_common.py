@@ -14,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 import torch
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .. import scalar_math
 
@@ -46,6 +49,29 @@ def tile_span(t, th, tw, offs, n_isects):
     tx = rest - ty * tw
     end = offs[t + 1] if t + 1 < offs.shape[0] else n_isects
     return img, ty, tx, offs[t], end
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """prefetch(arr, i): asks the cache for the line holding element i of the flat C-contiguous
+    array ``arr`` (a hint: no effect on results, never faults). For gathers whose indices are
+    known ahead (``rasterize_bwd``'s reduce reads 1.3 M scattered rows on garden: without it,
+    one cache miss after another)."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(ary.data, [idx]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        # read, high temporal locality, data cache
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, index), codegen
 
 
 POISON_INT = -(2**31) + 7

@@ -28,7 +28,7 @@ import torch
 from numba import njit
 
 from ..scalar_math import like
-from ._common import BLOCK, alloc, parallel_for, tile_span, view
+from ._common import BLOCK, alloc, parallel_for, prefetch, tile_span, view
 from .cull import gather_tile, max_tile_len, splat_bounds
 from .rasterize_bwd_tiles import (
     C_A,
@@ -232,41 +232,45 @@ def group_by_gaussian(flatten_ids, n_gauss):
     return first, pos
 
 
-@njit(cache=True, error_model="numpy")
-def reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs, g,
-               acc):
-    """Sums Gaussian g's rows, part[order[first_row[g]:first_row[g + 1]]], in increasing
-    intersection order (acc: scratch [8 + D])."""
-    n_cols = acc.shape[0]
-    acc[:] = 0
-    for j in range(first_row[g], first_row[g + 1]):
-        row = order[j]
-        for col in range(n_cols):
-            acc[col] += part[row, col]
-    v_means2d[g, 0] = acc[C_MX]
-    v_means2d[g, 1] = acc[C_MY]
-    v_conics[g, 0] = acc[C_A]
-    v_conics[g, 1] = acc[C_B]
-    v_conics[g, 2] = acc[C_C]
-    v_opacities[g] = acc[C_OP]
-    for d in range(n_cols - N_FIXED):
-        v_colors[g, d] = acc[N_FIXED + d]
-    if v_abs.shape[0] > 0:
-        v_abs[g, 0] = acc[C_ABSX]
-        v_abs[g, 1] = acc[C_ABSY]
+# Rows the reduce asks the cache for ahead of reading them (each row is a cache miss of its own:
+# at 64, garden's reduce ran ~5x faster than without).
+PREFETCH_ROWS = 64
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def reduce_kernel(
     first, step, part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs
 ):
-    """Blocks first, first + step, ... of Gaussians; v_abs [G, 2] or [0, 2]."""
+    """Blocks first, first + step, ... of Gaussians: Gaussian g sums its rows,
+    part[order[first_row[g]:first_row[g + 1]]], in increasing intersection order.
+    part [n, 8 + D]; v_abs [G, 2] or [0, 2]."""
     n_gauss = v_means2d.shape[0]
-    acc = np.zeros(part.shape[1], part.dtype)
+    n_rows = order.shape[0]
+    n_cols = part.shape[1]
+    flat = part.reshape(part.size)
+    acc = np.zeros(n_cols, part.dtype)
     for blk in range(first, (n_gauss + BLOCK - 1) // BLOCK, step):
         for g in range(blk * BLOCK, min(n_gauss, (blk + 1) * BLOCK)):
-            reduce_one(part, first_row, order, v_means2d, v_conics, v_colors, v_opacities,
-                       v_abs, g, acc)
+            acc[:] = 0
+            for j in range(first_row[g], first_row[g + 1]):
+                if j + PREFETCH_ROWS < n_rows:
+                    ahead = order[j + PREFETCH_ROWS] * n_cols
+                    prefetch(flat, ahead)  # a row may span two cache lines
+                    prefetch(flat, ahead + n_cols - 1)
+                row = order[j]
+                for col in range(n_cols):
+                    acc[col] += part[row, col]
+            v_means2d[g, 0] = acc[C_MX]
+            v_means2d[g, 1] = acc[C_MY]
+            v_conics[g, 0] = acc[C_A]
+            v_conics[g, 1] = acc[C_B]
+            v_conics[g, 2] = acc[C_C]
+            v_opacities[g] = acc[C_OP]
+            for d in range(n_cols - N_FIXED):
+                v_colors[g, d] = acc[N_FIXED + d]
+            if v_abs.shape[0] > 0:
+                v_abs[g, 0] = acc[C_ABSX]
+                v_abs[g, 1] = acc[C_ABSY]
 
 
 @njit(cache=True, error_model="numpy")
