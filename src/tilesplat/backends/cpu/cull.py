@@ -25,7 +25,7 @@ import torch
 from numba import njit
 
 from ...constants import ALPHA_SKIP, PIXEL_CENTER
-from ._common import BLOCK, parallel_for, view
+from ._common import BLOCK, parallel_for, prefetch, view
 
 TAU_SLACK = 0.02  # relative (and absolute) slack on the sigma threshold
 MARGIN_PX = 1.0  # added to each side of the box
@@ -64,6 +64,9 @@ def bounds_kernel(first, step, means2d, conics, opacities, out):
             out[g, 3] = hi_y
 
 
+GATHER_AHEAD = 16
+
+
 @njit(cache=True, error_model="numpy")
 def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end, tx, ty,
                 tile_size, sub_pixels, loc, s_first, s_last):
@@ -76,7 +79,18 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
     y0 = np.float64(ty * tile_size) + PIXEL_CENTER
     top = tile_size - 1
     n_ch = colors.shape[1]
+    f_means = means2d.reshape(means2d.size)
+    f_conics = conics.reshape(conics.size)
+    f_colors = colors.reshape(colors.size)
+    f_bounds = bounds.reshape(bounds.size)
     for j in range(end - start):
+        if start + j + GATHER_AHEAD < end:
+            h = flatten_ids[start + j + GATHER_AHEAD]
+            prefetch(f_means, 2 * h)
+            prefetch(f_conics, 3 * h)
+            prefetch(f_colors, n_ch * h)
+            prefetch(opacities, h)
+            prefetch(f_bounds, 4 * h)
         g = flatten_ids[start + j]
         loc[j, 0] = means2d[g, 0]
         loc[j, 1] = means2d[g, 1]

@@ -174,6 +174,7 @@ def backward_kernel(
                 v_a[p] = v_a[p] * t_final[p]
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
+            state[p] -= np.float64(v_a[p])  # tile_slice's state is kept less v_a
         for j in range(n_k):
             for col in range(rows.shape[1]):
                 rows[j, col] = zero
@@ -194,7 +195,7 @@ def backward_kernel(
                     if n_ch == 3:
                         v_c64[d, p - lo] = v_c[sub, d, p - lo]
             tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), last[lo:hi],
-                       trans[lo:hi], v_a[lo:hi], v_c64, state[lo:hi], buf, dot, sub64,
+                       trans[lo:hi], v_c64, state[lo:hi], buf, dot, sub64,
                        absgrad, per_splat, rows)
         n_cols = part.shape[1]
         for j in range(n_k):  # rows in intersection order: sequential writes

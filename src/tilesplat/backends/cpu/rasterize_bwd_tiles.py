@@ -17,7 +17,8 @@ colour behind k projected on v_c and v_a the render_alphas / background share. T
 terms nearly cancel (a Gaussian as bright as what lies behind it), so the sum is formed in
 float64 from float64 state. per_splat gets S_k as the forward's float64 colour minus the
 forward's own float32 products w * c_d (exact to float64 rounding where it is a tiny
-difference of large sums); per_pixel sums S_k back to front.
+difference of large sums); per_pixel sums S_k back to front, each term as w_k (v_c . c_k).
+The state is kept as S_k - v_a (v_a is constant per pixel), which saves two operations per pair.
 """
 
 from __future__ import annotations
@@ -94,33 +95,31 @@ def pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
 
 
 # The colour step: no fast-math (per_splat needs the forward's products bit for bit). Each
-# scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it. The
-# arithmetic is 9201939's, so the gradients are too.
+# scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it.
 @njit(cache=True, inline="always", error_model="numpy")
-def color_px(ar, t, r, va, v0, v1, v2, c0, c1, c2, st, per_splat):
+def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
     """One pixel of the RGB colour step (scalars only: inlined into the pixel loops).
-    ar = opacity * exp(-sigma), t = T_k (0: no contribution), r = 1 / (1 - alpha), va the
-    pixel's v_a, v0..v2 its float64 upstream colour gradient, c0..c2 the colour, st its
-    colour state (``tile_slice``). Returns (w = alpha T_k, d loss / d alpha (0 where the pair
-    does not contribute or alpha is clamped), the new state). per_splat: a literal."""
+    ar = opacity * exp(-sigma), t = T_k (0: no contribution), r = 1 / (1 - alpha), v0..v2 the
+    pixel's float64 upstream colour gradient, c0..c2 the colour, st its colour state
+    (``tile_slice``). Returns (w = alpha T_k, d loss / d alpha (0 where the pair does not
+    contribute or alpha is clamped), the new state). per_splat: a literal."""
     clamp = like(t, ALPHA_CLAMP)
     zero = like(t, 0.0)
     f64 = np.float64
     wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
     dot = v0 * f64(c0) + v1 * f64(c1) + v2 * f64(c2)
-    mine = v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2)
-    if per_splat:
-        behind = st - mine
+    if per_splat:  # the forward's own float32 products, so that the state stays exact
+        behind = st - (v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2))
         st_new = behind
     else:
         behind = st
-        st_new = behind + mine
-    v = like(t, f64(va * r) + f64(t) * dot - behind * f64(r))
+        st_new = behind + f64(wp) * dot
+    v = like(t, f64(t) * dot - behind * f64(r))
     return wp, (v if (t > zero) & (ar <= clamp) else zero), st_new
 
 
 @njit(cache=True, error_model="numpy")
-def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_a, v_c64, state, buf, dot, mine,
+def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, mine,
                absgrad, per_splat, rows):
     """One slice ``sub`` of P pixels of a tile: adds to rows[j] the gradient of the tile's
     flagged rows j < j_end (intersection k0 + j). per_pixel walks back to front from
@@ -128,12 +127,14 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_a, v_c64, state, buf, 
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
-    per_splat running T (starts 1); v_a [P] d loss / d alpha_k through render_alphas (and
-    per_pixel the background) times 1 - alpha_k; v_c64 [3, P] float64 upstream colour
-    gradients (RGB); state [P] float64, the colour state: per_pixel the colour behind row j
-    projected on v_c (starts 0, updated after row j), per_splat the colour still to come
-    (starts at the forward's float64 colour projected on v_c; row j's contribution, the
-    forward's own float32 products w * c_d, subtracted first). buf [N_BUF + D, P]: the caller
+    per_splat running T (starts 1); v_c64 [3, P] float64 upstream colour gradients (RGB);
+    state [P] float64, the colour state, less v_a (d loss / d alpha_k through render_alphas,
+    and per_pixel the background, times 1 - alpha_k: constant per pixel): per_pixel the colour
+    behind row j projected on v_c (starts at -v_a, updated after row j), per_splat the colour
+    still to come (starts at the forward's float64 colour projected on v_c, less v_a; row j's
+    contribution, the forward's own float32 products w * c_d, subtracted first). Then
+    d loss / d alpha_j = T_j (v_c . c_j) - state / (1 - alpha_j) (per_splat: after the
+    subtraction). buf [N_BUF + D, P]: the caller
     fills the pixel centres (R_PX, R_PY) and v_c (rows N_BUF + d), the rest is scratch; dot,
     mine [P] float64 scratch (D != 3).
     """
@@ -180,13 +181,13 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_a, v_c64, state, buf, 
             c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
             if per_splat:
                 for p in range(n_pix):
-                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p], v_a[p],
+                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], True)
                     w[p], v_alpha[p], state[p] = wp, vap, st
             else:
                 for p in range(n_pix):
-                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p], v_a[p],
+                    wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], False)
                     w[p], v_alpha[p], state[p] = wp, vap, st
@@ -203,9 +204,8 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_a, v_c64, state, buf, 
                     mine[p] += vd * f64(w[p] * cd)
             for p in range(n_pix):
                 behind = state[p] - mine[p] if per_splat else state[p]
-                state[p] = behind if per_splat else state[p] + mine[p]
+                state[p] = behind if per_splat else state[p] + f64(w[p]) * dot[p]
                 t = t_k[p]
-                r = inv_1ma[p]
-                v = like(t, f64(v_a[p] * r) + f64(t) * dot[p] - behind * f64(r))
+                v = like(t, f64(t) * dot[p] - behind * f64(inv_1ma[p]))
                 v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
         pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows)
