@@ -60,29 +60,30 @@ def pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
     f = buf[0, 0]
     zero = like(f, 0.0)
     half = like(f, 0.5)
-    s_mx = s_my = s_a = s_b = s_c = s_op = s_ax = s_ay = zero
+    # d loss / d means2d = sum of v_s (a dx + b dy, b dx + c dy) = (a X + b Y, b X + c Y) with
+    # X, Y the sums of v_s dx, v_s dy: the conic leaves the pixel loop (absgrad needs it in)
+    s_x = s_y = s_xx = s_xy = s_yy = s_op = s_ax = s_ay = zero
     for p in range(n_pix):
         dx = mx - buf[R_PX, p]
         dy = my - buf[R_PY, p]
-        va = buf[R_VALPHA, p]
-        ge = buf[R_GAUSS, p]
-        v_s = -va * (op * ge)  # d loss / d sigma
-        gx = v_s * (a * dx + b * dy)
-        gy = v_s * (b * dx + c * dy)
-        s_mx += gx
-        s_my += gy
-        s_a += half * v_s * dx * dx
-        s_b += v_s * dx * dy
-        s_c += half * v_s * dy * dy
-        s_op += va * ge
+        vg = buf[R_VALPHA, p] * buf[R_GAUSS, p]
+        v_s = -op * vg  # d loss / d sigma
+        vx = v_s * dx
+        vy = v_s * dy
+        s_x += vx
+        s_y += vy
+        s_xx += vx * dx
+        s_xy += vx * dy
+        s_yy += vy * dy
+        s_op += vg
         if absgrad:  # loop-invariant: compiled as two loops
-            s_ax += abs(gx)
-            s_ay += abs(gy)
-    rows[j, C_MX] += s_mx
-    rows[j, C_MY] += s_my
-    rows[j, C_A] += s_a
-    rows[j, C_B] += s_b
-    rows[j, C_C] += s_c
+            s_ax += abs(a * vx + b * vy)
+            s_ay += abs(b * vx + c * vy)
+    rows[j, C_MX] += a * s_x + b * s_y
+    rows[j, C_MY] += b * s_x + c * s_y
+    rows[j, C_A] += half * s_xx
+    rows[j, C_B] += s_xy
+    rows[j, C_C] += half * s_yy
     rows[j, C_OP] += s_op
     rows[j, C_ABSX] += s_ax
     rows[j, C_ABSY] += s_ay
