@@ -20,6 +20,7 @@ import torch
 
 import tilesplat
 from helpers import assert_close, cameras, random_gaussians, tile_grid
+from tilesplat.backends import scalar_math
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-7, 1e-6)}  # (forward, gradients)
 SCHEMES = ("per_pixel", "per_splat")
@@ -481,3 +482,49 @@ def test_blend_loop_vectorises():
         wide = re.findall(r"\bv(?:mul|add|sub|min|max)ps\s+%zmm", asm)
         assert len(wide) > 20, f"the per-pair loop uses {len(wide)} 16-lane ops"
 
+
+
+def _exp_neg_by_bit_tests(s):
+    """exp_neg as it was before pow2_neg: 2**-n by one exact multiplication per bit of n."""
+    sm = scalar_math
+    s = min(max(s, sm.like(s, 0.0)), sm.like(s, sm._EXP_MAX))
+    n = sm.as_int32(s * sm.like(s, 1.4426950408889634) + sm.like(s, 0.5))
+    nf = sm.like(s, n)
+    r = nf * sm.like(s, sm._LN2_HI) - s + nf * sm.like(s, sm._LN2_LO)
+    p = sm.like(s, 1.0 / 5040.0)
+    for c in (1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+        p = p * r + sm.like(s, c)
+    for bit, scale in ((1, 0.5), (2, 0.25), (4, 0.0625), (8, 0.00390625),
+                       (16, 1.52587890625e-05), (32, 2.3283064365386963e-10)):
+        p = p * (sm.like(s, scale) if n & bit else sm.like(s, 1.0))
+    return p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pow2_neg_writes_the_exponent_and_exp_neg_is_unchanged(dtype):
+    from numba import njit
+
+    from tilesplat.backends.cpu._common import sm
+
+    pow2 = njit(lambda x, n: scalar_math.pow2_neg(x, n))
+    for n in range(127):
+        got = pow2(dtype(1.0), np.int32(n))
+        assert type(got) is float and got == np.ldexp(1.0, -n), n
+    assert scalar_math.pow2_neg(1.0, 5) == 2.0**-5  # plain Python
+
+    @njit
+    def both(s):
+        a = np.empty_like(s)
+        b = np.empty_like(s)
+        for i in range(s.size):
+            a[i] = sm.exp_neg(s[i])
+            b[i] = _old(s[i])
+        return a, b
+
+    _old = njit(inline="always")(_exp_neg_by_bit_tests)
+    rng = np.random.default_rng(0)
+    s = np.concatenate([np.linspace(0.0, 50.0, 20001), rng.exponential(3.0, 20000),
+                        [-1.0, 0.0, 43.66, 1e30]]).astype(dtype)
+    a, b = both(s)
+    assert a.dtype == dtype
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))  # bit for bit
