@@ -20,7 +20,10 @@ import numpy as np
 from numba import njit, prange
 
 from ..backends import scalar_math
+from ..backends.kernel_cache import install as _install_kernel_cache
 from ..constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
+
+_install_kernel_cache()  # before the micro-kernels below are decorated with cache=True
 
 TILE_PIXELS = 256  # one 16 x 16 tile
 INTERLEAVED_SECONDS = 0.1  # each ceiling measurement between the arms of a bench run

@@ -1,15 +1,20 @@
 """The ``cpu`` backend: multithreaded Numba kernels for CPU tensors.
 
 Importing this package compiles nothing: every kernel is an ``@njit(cache=True)`` function
-that compiles on its first call (and loads from Numba's on-disk cache in later processes).
+that compiles on its first call (and loads from Numba's on-disk cache in later processes;
+``backends.kernel_cache`` invalidates that cache when code compiled into a kernel changes).
 Work is split into fixed items (tiles for the rasterizer, blocks of Gaussians elsewhere) run on
 ``numba.get_num_threads()`` threads (``_common.parallel_for``); reductions run in a fixed
 order, so gradients are bit-identical for any thread count. ``TILESPLAT_POISON=1`` fills
 output buffers with NaN before the kernels run (a test mode; see ``_common``).
 """
 
-from ..registry import DiffOp, register
-from . import (
+from ..kernel_cache import install as _install_kernel_cache
+
+_install_kernel_cache()  # before the kernels below are decorated with cache=True
+
+from ..registry import DiffOp, register  # noqa: E402
+from . import (  # noqa: E402
     covariance,
     intersect,
     projection,
