@@ -91,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
-    from tilesplat.backends.numpy_aliases import restore_numpy_aliases
-
-    restore_numpy_aliases()
     import torch
 
     from tilesplat import set_check_finite
