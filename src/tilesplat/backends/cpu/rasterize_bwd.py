@@ -84,7 +84,8 @@ def backward_kernel(
 ):
     """Tiles first, first + step, ...; fills part [n, 8 + D], the gradient rows of the
     intersections (row k: intersection k), and bg_part [n_tiles, D] (the tile's sum of
-    v_render_colors * T_final). A tile sums its rows in a local buffer and writes each once.
+    v_render_colors * T_final). A tile sums its rows in place: its intersections are
+    contiguous, part[start:end].
     bounds [G, 4]: ``cull.splat_bounds``; max_len: the longest tile list; colors_lo
     [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
     (per_splat); trans_final [I, H, W] or [0, 0, 0]: the forward's final transmittances
@@ -108,7 +109,6 @@ def backward_kernel(
     v_c64 = np.zeros((3, SUB_PIXELS), np.float64)  # RGB: the slice's v_c in float64
     dot = np.empty(SUB_PIXELS, np.float64)
     sub64 = np.empty(SUB_PIXELS, np.float64)
-    rows = np.zeros((max_len, part.shape[1]), dt)
     px = np.zeros(n_pad, dt)
     py = np.zeros(n_pad, dt)
     live = np.zeros(n_pad, np.int32)
@@ -160,13 +160,20 @@ def backward_kernel(
                         state[p] += np.float64(vcd) * c_final
                     if has_bg:
                         bg_dot[p] += vcd * backgrounds[img, d]
-        if (has_mask and not masks[img, ty, tx]) or end <= start:
-            for k in range(start, end):
-                for col in range(part.shape[1]):
-                    part[k, col] = zero
+        # the tile's gradient rows are part[start:end], summed in place (zero for the rows no
+        # pixel reaches: past the tile's last contributor, or a masked tile)
+        for k in range(start, end):
+            for col in range(part.shape[1]):
+                part[k, col] = zero
+        k_tile = -1
+        for p in range(n_pix):
+            k_tile = max(k_tile, last[p])
+        if (has_mask and not masks[img, ty, tx]) or k_tile < start:
             continue
-        n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end,
-                          tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
+        # only rows up to the tile's last contributor are ever read
+        n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
+                          min(end, k_tile + 1), tx, ty, tile_size, SUB_PIXELS, loc, s_first,
+                          s_last)
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)
@@ -175,10 +182,7 @@ def backward_kernel(
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
             state[p] -= np.float64(v_a[p])  # tile_slice's state is kept less v_a
-        for j in range(n_k):
-            for col in range(rows.shape[1]):
-                rows[j, col] = zero
-        # slices of SUB_PIXELS pixels, each on its own; rows[j] sums them in slice order
+        # slices of SUB_PIXELS pixels, each on its own; part[start + j] sums them in slice order
         for sub in range(n_sub):
             lo = sub * SUB_PIXELS
             hi = lo + SUB_PIXELS
@@ -196,11 +200,7 @@ def backward_kernel(
                         v_c64[d, p - lo] = v_c[sub, d, p - lo]
             tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), last[lo:hi],
                        trans[lo:hi], v_c64, state[lo:hi], buf, dot, sub64,
-                       absgrad, per_splat, rows)
-        n_cols = part.shape[1]
-        for j in range(n_k):  # rows in intersection order: sequential writes
-            for col in range(n_cols):
-                part[start + j, col] = rows[j, col]
+                       absgrad, per_splat, part)
 
 
 @njit(cache=True, error_model="numpy")
