@@ -74,7 +74,8 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
     k - start of loc [>= n, 6 + D] (mx, my, a, b, c, opacity, colour), and the pixel slices
     (of sub_pixels row-major pixels) each can reach into s_first, s_last [>= n]
     (s_first > s_last: none). Contiguous rows keep the per-pair loops off scattered memory.
-    NaN or infinite bounds give every slice."""
+    NaN or infinite bounds give every slice; bounds [0, 4] leaves s_first and s_last
+    unwritten (the backward, which follows the forward's hit flags instead)."""
     x0 = np.float64(tx * tile_size) + PIXEL_CENTER
     y0 = np.float64(ty * tile_size) + PIXEL_CENTER
     top = tile_size - 1
@@ -90,7 +91,8 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
             prefetch(f_conics, 3 * h)
             prefetch(f_colors, n_ch * h)
             prefetch(opacities, h)
-            prefetch(f_bounds, 4 * h)
+            if f_bounds.shape[0] > 0:
+                prefetch(f_bounds, 4 * h)
         g = flatten_ids[start + j]
         loc[j, 0] = means2d[g, 0]
         loc[j, 1] = means2d[g, 1]
@@ -100,6 +102,8 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
         loc[j, 5] = opacities[g]
         for d in range(n_ch):
             loc[j, 6 + d] = colors[g, d]
+        if bounds.shape[0] == 0:  # no bounds: the caller needs no slice ranges
+            continue
         r_lo = bounds[g, 2] - y0
         r_hi = bounds[g, 3] - y0
         if (bounds[g, 1] < x0) | (bounds[g, 0] > x0 + top) | (r_hi < 0.0) | (r_lo > top):

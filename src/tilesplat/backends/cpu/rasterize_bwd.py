@@ -29,7 +29,7 @@ from numba import njit
 
 from ..scalar_math import like
 from ._common import BLOCK, alloc, parallel_for, prefetch, tile_span, view
-from .cull import gather_tile, max_tile_len, splat_bounds
+from .cull import gather_tile, max_tile_len
 from .rasterize_bwd_tiles import (
     C_A,
     C_ABSX,
@@ -85,8 +85,8 @@ def backward_kernel(
     """Tiles first, first + step, ...; fills part [n, 8 + D], the gradient rows of the
     intersections (row k: intersection k), and bg_part [n_tiles, D] (the tile's sum of
     v_render_colors * T_final). A tile sums its rows in place: its intersections are
-    contiguous, part[start:end].
-    bounds [G, 4]: ``cull.splat_bounds``; max_len: the longest tile list; colors_lo
+    contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile`` computes no slice
+    ranges: the forward's flags say more); max_len: the longest tile list; colors_lo
     [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
     (per_splat); trans_final [I, H, W] or [0, 0, 0]: the forward's final transmittances
     (per_pixel); flags [n, n_sub]: the forward's hit flags (``rasterize_saved``)."""
@@ -348,7 +348,7 @@ def backward(
         tile_size,
         view(isect_offsets),
         view(flatten_ids),
-        splat_bounds(means2d, conics, opacities),
+        np.zeros((0, 4), np.float64),  # no slice ranges: the forward's flags say more
         max_tile_len(isect_offsets, n),
         view(render_colors),
         floats if scheme == "per_splat" and floats is not None
