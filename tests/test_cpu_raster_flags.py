@@ -1,8 +1,9 @@
 """The hit flags the CPU rasterizer's forward keeps for its backward
 (``backends/cpu/rasterize_saved``): flags[k, s] = 1 exactly where intersection k contributes to
-a pixel of slice s. The backward evaluates only flagged pairs, so a missing flag loses a
-gradient and a spurious one only costs time; both directions are checked through the
-gradients, with the flags edited between the forward and the backward.
+a pixel of slice s. The backward evaluates only the span of slices each intersection's flags
+cover, so a missing flag at its end loses a gradient and a spurious one only costs time; both
+directions are checked through the gradients, with the flags edited between the forward and
+the backward.
 """
 
 from __future__ import annotations
@@ -86,9 +87,13 @@ def test_flags_mark_exactly_the_contributing_pairs(scheme, D):
     v_means2d = _grads(sc, scheme, clear_all)[1][0]
     assert not v_means2d.abs().any()  # no pair evaluated
 
-    # every flag marks a contributing pair: clearing any one loses a gradient
+    # every flag marks a contributing pair: clearing any one loses a gradient. The backward
+    # evaluates an intersection over the span of slices from its first flag to its last, so
+    # a flag is cleared where that changes the span: at either end of it.
+    ends = np.array([(k, s) for k, s in flagged
+                     if not flags[k, :s].any() or not flags[k, s + 1:].any()])
     rng = np.random.default_rng(0)
-    for k, s in flagged[rng.choice(len(flagged), 8, replace=False)]:
+    for k, s in ends[rng.choice(len(ends), 8, replace=False)]:
 
         def clear_one(f, k=k, s=s):
             f[k, s] = 0

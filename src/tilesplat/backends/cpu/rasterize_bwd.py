@@ -12,9 +12,10 @@ and the colour still to come, ``C_final - accumulated``), with the forward's own
 forward's own float32 products from it, so the colour still to come is exact to float64
 rounding even where it is a tiny difference of large sums (saturated pixels).
 
-Work: tiles over threads (``_common.parallel_for``), each tile in slices of SUB_PIXELS pixels,
-pixels vectorised (``rasterize_bwd_tiles``). The forward recorded which (slice, intersection)
-pairs contribute to a pixel (``rasterize_saved``); both schemes evaluate only those.
+Work: tiles over threads (``_common.parallel_for``), pixels vectorised
+(``rasterize_bwd_tiles``). The forward recorded which (slice of SUB_PIXELS pixels,
+intersection) pairs contribute to a pixel (``rasterize_saved``); both schemes evaluate each
+intersection only over the span of its flagged slices.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing
@@ -43,7 +44,7 @@ from .rasterize_bwd_tiles import (
     N_FIXED,
     R_PX,
     R_PY,
-    tile_slice,
+    tile_rows,
 )
 from .rasterize_fwd import init_tile_pixels
 from .rasterize_saved import SUB_PIXELS, float_shape, n_slices, unpack_saved
@@ -105,16 +106,15 @@ def backward_kernel(
     s_last = np.empty(max_len, np.int32)
     n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
     n_pad = n_sub * SUB_PIXELS  # pixels padded to whole slices (padding: last_id -1)
-    buf = np.zeros((N_BUF + n_ch, SUB_PIXELS), dt)  # the slice's scratch (tile_slice)
-    v_c64 = np.zeros((3, SUB_PIXELS), np.float64)  # RGB: the slice's v_c in float64
-    dot = np.empty(SUB_PIXELS, np.float64)
-    sub64 = np.empty(SUB_PIXELS, np.float64)
+    buf = np.zeros((N_BUF + n_ch, n_pad), dt)  # the tile's scratch (tile_rows)
+    v_c64 = np.zeros((3, n_pad), np.float64)  # RGB: the tile's v_c in float64
+    dot = np.empty(n_pad, np.float64)
+    sub64 = np.empty(n_pad, np.float64)
     px = np.zeros(n_pad, dt)
     py = np.zeros(n_pad, dt)
     live = np.zeros(n_pad, np.int32)
     t_final = np.ones(n_pad, dt)
     trans = np.ones(n_pad, dt)  # running T of the slice loops
-    v_c = np.zeros((n_sub, n_ch, SUB_PIXELS), dt)
     v_a = np.zeros(n_pad, dt)
     last = np.full(n_pad, -1, np.int32)
     # the remaining colour projected on v_colors, float64: per_splat's is a difference of
@@ -129,7 +129,7 @@ def backward_kernel(
                          live[:n_pix])
         t_final[:] = one
         trans[:] = one
-        v_c[:] = zero
+        buf[N_BUF:, :] = zero  # v_c
         v_a[:] = zero
         last[:] = -1
         state[:] = 0.0
@@ -140,7 +140,6 @@ def backward_kernel(
             if live[p] != 0:
                 x = tx * tile_size + p % tile_size
                 y = ty * tile_size + p // tile_size
-                sub, q = p // SUB_PIXELS, p % SUB_PIXELS
                 t_final[p] = one - render_alphas[img, y, x]
                 if not per_splat:
                     # T_final as the forward computed it (1 - render_alphas loses its low bits
@@ -151,7 +150,9 @@ def backward_kernel(
                 last[p] = last_ids[img, y, x]
                 for d in range(n_ch):
                     vcd = v_colors_img[img, y, x, d]
-                    v_c[sub, d, q] = vcd
+                    buf[N_BUF + d, p] = vcd
+                    if n_ch == 3:
+                        v_c64[d, p] = vcd
                     bg_part[t, d] += vcd * t_final[p]
                     if per_splat:
                         c_final = np.float64(render_colors[img, y, x, d])
@@ -181,26 +182,12 @@ def backward_kernel(
                 v_a[p] = v_a[p] * t_final[p]
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
-            state[p] -= np.float64(v_a[p])  # tile_slice's state is kept less v_a
-        # slices of SUB_PIXELS pixels, each on its own; part[start + j] sums them in slice order
-        for sub in range(n_sub):
-            lo = sub * SUB_PIXELS
-            hi = lo + SUB_PIXELS
-            k_max = -1
-            for p in range(lo, hi):
-                k_max = max(k_max, last[p])
-            if k_max < start:
-                continue  # no pixel of the slice has a contribution
-            for p in range(lo, hi):
-                buf[R_PX, p - lo] = px[p]
-                buf[R_PY, p - lo] = py[p]
-                for d in range(n_ch):
-                    buf[N_BUF + d, p - lo] = v_c[sub, d, p - lo]
-                    if n_ch == 3:
-                        v_c64[d, p - lo] = v_c[sub, d, p - lo]
-            tile_slice(loc, flags, sub, start, min(n_k, k_max - start + 1), last[lo:hi],
-                       trans[lo:hi], v_c64, state[lo:hi], buf, dot, sub64,
-                       absgrad, per_splat, part)
+            state[p] -= np.float64(v_a[p])  # tile_rows' state is kept less v_a
+        for p in range(n_pad):
+            buf[R_PX, p] = px[p]
+            buf[R_PY, p] = py[p]
+        tile_rows(loc, flags, start, n_k, last, trans, v_c64, state, buf, dot, sub64, absgrad,
+                  per_splat, part)
 
 
 @njit(cache=True, error_model="numpy")

@@ -1,11 +1,14 @@
-"""CPU kernels: the backward of ``rasterize_to_pixels`` on one pixel slice of a tile, both
-schemes (``rasterize_bwd`` runs them tile by tile).
+"""CPU kernels: the backward of ``rasterize_to_pixels`` on one tile, both schemes
+(``rasterize_bwd`` runs them tile by tile).
 
-A slice walks only the intersections the forward flagged as contributing to it
-(``rasterize_saved``), each in three vectorised loops over the slice's pixels: the pair and
-its hit test, T and 1 / (1 - alpha); the colour step (d loss / d alpha, in float64); and
-:func:`pair_grads` (sums over the pixels, the only place that may reassociate). Skipping
-unflagged pairs is exact: they change neither T nor any gradient.
+The tile walks its intersections in order (per_splat front to back, per_pixel back to front),
+each over the span of pixel slices (SUB_PIXELS pixels) from the first to the last the forward
+flagged as contributing (``rasterize_saved``), in three vectorised loops over the span's
+pixels: the pair and its hit test, T and 1 / (1 - alpha); the colour step (d loss / d alpha,
+in float64); and :func:`pair_grads` (sums over the pixels, the only place that may
+reassociate). Skipping unflagged slices is exact: their pairs change neither T nor any
+gradient. Spans are whole slices, so the loops have no remainder, and one span's sums take one
+horizontal reduction each (one per slice took twice the time on garden).
 
 A pixel-Gaussian pair contributes exactly when ``k <= last_id`` and it passes the skip tests
 (sigma >= 0, alpha >= ALPHA_SKIP): before its last contribution a pixel is never stopped. So
@@ -30,6 +33,7 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..scalar_math import like
 from ._common import sm
 from .rasterize_fwd import composite_step
+from .rasterize_saved import SUB_PIXELS
 
 # Columns of the per-intersection gradient rows; colours follow from N_FIXED.
 C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
@@ -40,7 +44,7 @@ N_FIXED = 8
 # then fixed by the compiled code, never by the threads: results stay bit-identical.
 SUMS = {"reassoc", "nsz"}
 
-# ``forceinline``: :func:`pair_grads` and :func:`tile_slice` are inlined by LLVM (which, unlike
+# ``forceinline``: :func:`pair_grads` and :func:`tile_rows` are inlined by LLVM (which, unlike
 # Numba-IR inlining, keeps pair_grads' own fast-math flags) into the kernel, so the code that
 # runs is the kernel's code, the same whether the kernel was just compiled or loaded from
 # Numba's cache. As separate functions, a process that compiled the kernel ran the callees as
@@ -50,7 +54,7 @@ SUMS = {"reassoc", "nsz"}
 # (``tests/test_kernel_cache.py``). Inlined, the backward is also ~7 % faster.
 
 
-# Rows of the slice's scratch buffer ``buf`` [N_BUF + D, P] (P pixels of one slice): the
+# Rows of the tile's scratch buffer ``buf`` [N_BUF + D, P] (P pixels of the tile): the
 # per-pair helpers get this one array and scalars. A compiled call increments and decrements
 # the reference count of every array it passes (locked instructions on memory the threads
 # share), once per call: per (slice, intersection) pair, that cost as much as the arithmetic.
@@ -59,20 +63,19 @@ N_BUF = 7  # v_c [D, P] follows: rows N_BUF + d
 
 
 @njit(cache=True, fastmath=SUMS, forceinline=True, error_model="numpy")
-def pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
-    """Adds the gradient of intersection j from the slice's pixels to rows[j]: means2d,
-    conic, opacity and colour (w * v_c), summed over the pixels, and (absgrad)
+def pair_grads(j, p0, p1, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
+    """Adds the gradient of intersection j from pixels p0 <= p < p1 (uint64) to rows[j]:
+    means2d, conic, opacity and colour (w * v_c), summed over the pixels, and (absgrad)
     |d loss / d means2d|. buf [N_BUF + D, P]: pixel centres, exp(-sigma), v_alpha (0 where the
     pair does not contribute or alpha is clamped), w = alpha T_k, and v_c [D, P] (the R_*
     rows)."""
-    n_pix = buf.shape[1]
     f = buf[0, 0]
     zero = like(f, 0.0)
     half = like(f, 0.5)
     # d loss / d means2d = sum of v_s (a dx + b dy, b dx + c dy) = (a X + b Y, b X + c Y) with
     # X, Y the sums of v_s dx, v_s dy: the conic leaves the pixel loop (absgrad needs it in)
     s_x = s_y = s_xx = s_xy = s_yy = s_op = s_ax = s_ay = zero
-    for p in range(n_pix):
+    for p in range(p0, p1):
         dx = mx - buf[R_PX, p]
         dy = my - buf[R_PY, p]
         vg = buf[R_VALPHA, p] * buf[R_GAUSS, p]
@@ -99,7 +102,7 @@ def pair_grads(j, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
     w = buf[R_W]
     for d in range(v_c.shape[0]):
         s_col = zero
-        for p in range(n_pix):
+        for p in range(p0, p1):
             s_col += w[p] * v_c[d, p]
         rows[j, N_FIXED + d] += s_col
 
@@ -111,7 +114,7 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
     """One pixel of the RGB colour step (scalars only: inlined into the pixel loops).
     ar = opacity * exp(-sigma), t = T_k (0: no contribution), r = 1 / (1 - alpha), v0..v2 the
     pixel's float64 upstream colour gradient, c0..c2 the colour, st its colour state
-    (``tile_slice``). Returns (w = alpha T_k, d loss / d alpha (0 where the pair does not
+    (``tile_rows``). Returns (w = alpha T_k, d loss / d alpha (0 where the pair does not
     contribute or alpha is clamped), the new state). per_splat: a literal."""
     clamp = like(t, ALPHA_CLAMP)
     zero = like(t, 0.0)
@@ -129,11 +132,14 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
 
 
 @njit(cache=True, forceinline=True, error_model="numpy")
-def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, mine,
-               absgrad, per_splat, rows):
-    """One slice ``sub`` of P pixels of a tile: adds to rows[k0 + j] the gradient of the tile's
-    flagged rows j < j_end (intersection k0 + j; rows: the kernel's ``part``). per_pixel walks
-    back to front from j_end - 1, per_splat front to back.
+def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, mine, absgrad,
+              per_splat, rows):
+    """A tile's P pixels (whole slices of SUB_PIXELS): adds to rows[k0 + j] the gradient of the
+    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each over the
+    span of pixel slices from the first to the last the forward flagged for it (an unflagged
+    slice inside the span changes nothing: none of its pairs contributes). per_pixel walks
+    back to front from j_end - 1, per_splat front to back. One row's sums run over its whole
+    span at once: one horizontal reduction per row and quantity, not one per slice.
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
@@ -144,11 +150,9 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, 
     still to come (starts at the forward's float64 colour projected on v_c, less v_a; row j's
     contribution, the forward's own float32 products w * c_d, subtracted first). Then
     d loss / d alpha_j = T_j (v_c . c_j) - state / (1 - alpha_j) (per_splat: after the
-    subtraction). buf [N_BUF + D, P]: the caller
-    fills the pixel centres (R_PX, R_PY) and v_c (rows N_BUF + d), the rest is scratch; dot,
-    mine [P] float64 scratch (D != 3).
+    subtraction). buf [N_BUF + D, P]: the caller fills the pixel centres (R_PX, R_PY) and v_c
+    (rows N_BUF + d), the rest is scratch; dot, mine [P] float64 scratch (D != 3).
     """
-    n_pix = buf.shape[1]
     n_ch = buf.shape[0] - N_BUF
     px, py, gauss, v_alpha = buf[R_PX], buf[R_PY], buf[R_GAUSS], buf[R_VALPHA]
     w, t_k, inv_1ma = buf[R_W], buf[R_TK], buf[R_INV]
@@ -160,14 +164,25 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, 
     clamp = like(f, ALPHA_CLAMP)
     live = np.int32(1)
     f64 = np.float64
+    n_sub = flags.shape[1]
     for i in range(j_end):
         j = i if per_splat else j_end - 1 - i
-        if flags[k0 + j, sub] == 0:
+        s_lo = -1
+        s_hi = -1
+        for sub in range(n_sub):
+            if flags[k0 + j, sub] != 0:
+                s_lo = sub if s_lo < 0 else s_lo
+                s_hi = sub
+        if s_lo < 0:
             continue
+        # unsigned: NumPy's wrap-around of negative indices would keep LLVM from seeing
+        # contiguous accesses (it gathered); spans are whole slices, so no loop remainder
+        p0 = np.uint64(s_lo * SUB_PIXELS)
+        p1 = np.uint64((s_hi + 1) * SUB_PIXELS)
         mx, my, a, b, c, op = loc[j, 0], loc[j, 1], loc[j, 2], loc[j, 3], loc[j, 4], loc[j, 5]
         k32 = np.int32(k0 + j)
         if per_splat:
-            for p in range(n_pix):
+            for p in range(p0, p1):
                 t = trans[p]
                 ge, alpha, t_next, ok, _ = composite_step(a, b, c, op, mx - px[p], my - py[p],
                                                           t, live)
@@ -177,7 +192,7 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, 
                 inv_1ma[p] = one / (one - alpha)
                 gauss[p] = ge
         else:
-            for p in range(n_pix):
+            for p in range(p0, p1):
                 s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
                 ge = sm.exp_neg(s)
                 alpha = min(clamp, op * ge)
@@ -190,32 +205,32 @@ def tile_slice(loc, flags, sub, k0, j_end, last, trans, v_c64, state, buf, dot, 
         if n_ch == 3:
             c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
             if per_splat:
-                for p in range(n_pix):
+                for p in range(p0, p1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], True)
                     w[p], v_alpha[p], state[p] = wp, vap, st
             else:
-                for p in range(n_pix):
+                for p in range(p0, p1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], False)
                     w[p], v_alpha[p], state[p] = wp, vap, st
         else:  # any channel count
-            for p in range(n_pix):
+            for p in range(p0, p1):
                 w[p] = min(clamp, op * gauss[p]) * t_k[p]
                 dot[p] = 0.0
                 mine[p] = 0.0
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
-                for p in range(n_pix):
+                for p in range(p0, p1):
                     vd = f64(buf[N_BUF + d, p])
                     dot[p] += vd * f64(cd)
                     mine[p] += vd * f64(w[p] * cd)
-            for p in range(n_pix):
+            for p in range(p0, p1):
                 behind = state[p] - mine[p] if per_splat else state[p]
                 state[p] = behind if per_splat else state[p] + f64(w[p]) * dot[p]
                 t = t_k[p]
                 v = like(t, f64(t) * dot[p] - behind * f64(inv_1ma[p]))
                 v_alpha[p] = v if (t > zero) & (op * gauss[p] <= clamp) else zero
-        pair_grads(k32, mx, my, a, b, c, op, buf, v_c, absgrad, rows)
+        pair_grads(k32, p0, p1, mx, my, a, b, c, op, buf, v_c, absgrad, rows)
