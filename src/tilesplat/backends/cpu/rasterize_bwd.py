@@ -7,10 +7,10 @@ starts from the T_final the forward computed, which the forward keeps for it:
 every gradient of the pixel) would inherit that error, up to ~1e-3 relative.
 ``per_splat``: the tile's Gaussians are replayed front to back with per-pixel state (running T
 and the colour still to come, ``C_final - accumulated``), with the forward's own arithmetic
-(``composite_step``), so T needs no division. C_final is the forward's float64 sum
-(render_colors plus the rounding residual the forward keeps), and the backward subtracts the
-forward's own float32 products from it, so the colour still to come is exact to float64
-rounding even where it is a tiny difference of large sums (saturated pixels).
+(``composite_step``), so T needs no division. C_final is the forward's float64 sum of the
+exact products w * c (render_colors plus the rounding residual the forward keeps), and the
+backward subtracts the same products from it in float64, so the colour still to come is exact
+to float64 rounding even where it is a tiny difference of large sums (saturated pixels).
 
 Work: tiles over threads (``_common.parallel_for``), pixels vectorised
 (``rasterize_bwd_tiles``). The forward recorded which (slice of SUB_PIXELS pixels,
@@ -109,7 +109,6 @@ def backward_kernel(
     buf = np.zeros((N_BUF + n_ch, n_pad), dt)  # the tile's scratch (tile_rows)
     v_c64 = np.zeros((3, n_pad), np.float64)  # RGB: the tile's v_c in float64
     dot = np.empty(n_pad, np.float64)
-    sub64 = np.empty(n_pad, np.float64)
     px = np.zeros(n_pad, dt)
     py = np.zeros(n_pad, dt)
     live = np.zeros(n_pad, np.int32)
@@ -186,7 +185,7 @@ def backward_kernel(
         for p in range(n_pad):
             buf[R_PX, p] = px[p]
             buf[R_PY, p] = py[p]
-        tile_rows(loc, flags, start, n_k, last, trans, v_c64, state, buf, dot, sub64, absgrad,
+        tile_rows(loc, flags, start, n_k, last, trans, v_c64, state, buf, dot, absgrad,
                   per_splat, part)
 
 

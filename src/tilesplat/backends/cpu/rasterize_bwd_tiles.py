@@ -18,9 +18,10 @@ forward's own arithmetic) without the forward's live mask.
 d loss / d alpha_k of a pixel is T_k (v_c . c_k) + (v_a - S_k) / (1 - alpha_k), with S_k the
 colour behind k projected on v_c and v_a the render_alphas / background share. The two colour
 terms nearly cancel (a Gaussian as bright as what lies behind it), so the sum is formed in
-float64 from float64 state. per_splat gets S_k as the forward's float64 colour minus the
-forward's own float32 products w * c_d (exact to float64 rounding where it is a tiny
-difference of large sums); per_pixel sums S_k back to front, each term as w_k (v_c . c_k).
+float64 from float64 state. per_splat gets S_k as the forward's float64 colour (a sum of the
+exact products w * c_d) minus w_j (v_c . c_j) for the rows j before k, in float64 (exact to
+float64 rounding where it is a tiny difference of large sums); per_pixel sums S_k back to
+front, each term as w_k (v_c . c_k).
 The state is kept as S_k - v_a (v_a is constant per pixel), which saves two operations per pair.
 """
 
@@ -107,7 +108,7 @@ def pair_grads(j, p0, p1, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
         rows[j, N_FIXED + d] += s_col
 
 
-# The colour step: no fast-math (per_splat needs the forward's products bit for bit). Each
+# The colour step: no fast-math (per_splat replays the forward's weights bit for bit). Each
 # scheme has its own loop: a scheme test inside one loop kept LLVM from vectorising it.
 @njit(cache=True, inline="always", error_model="numpy")
 def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
@@ -121,8 +122,8 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
     f64 = np.float64
     wp = min(clamp, ar) * t  # the forward's weight; 0 where not hit (t_k = 0)
     dot = v0 * f64(c0) + v1 * f64(c1) + v2 * f64(c2)
-    if per_splat:  # the forward's own float32 products, so that the state stays exact
-        behind = st - (v0 * f64(wp * c0) + v1 * f64(wp * c1) + v2 * f64(wp * c2))
+    if per_splat:  # the forward summed the exact products w * c_d in float64
+        behind = st - f64(wp) * dot
         st_new = behind
     else:
         behind = st
@@ -132,8 +133,8 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
 
 
 @njit(cache=True, forceinline=True, error_model="numpy")
-def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, mine, absgrad,
-              per_splat, rows):
+def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgrad, per_splat,
+              rows):
     """A tile's P pixels (whole slices of SUB_PIXELS): adds to rows[k0 + j] the gradient of the
     tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each over the
     span of pixel slices from the first to the last the forward flagged for it (an unflagged
@@ -148,10 +149,10 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, mine, 
     and per_pixel the background, times 1 - alpha_k: constant per pixel): per_pixel the colour
     behind row j projected on v_c (starts at -v_a, updated after row j), per_splat the colour
     still to come (starts at the forward's float64 colour projected on v_c, less v_a; row j's
-    contribution, the forward's own float32 products w * c_d, subtracted first). Then
+    contribution w (v_c . c_j) subtracted first, in float64). Then
     d loss / d alpha_j = T_j (v_c . c_j) - state / (1 - alpha_j) (per_splat: after the
     subtraction). buf [N_BUF + D, P]: the caller fills the pixel centres (R_PX, R_PY) and v_c
-    (rows N_BUF + d), the rest is scratch; dot, mine [P] float64 scratch (D != 3).
+    (rows N_BUF + d), the rest is scratch; dot [P] float64 scratch (D != 3).
     """
     n_ch = buf.shape[0] - N_BUF
     px, py, gauss, v_alpha = buf[R_PX], buf[R_PY], buf[R_GAUSS], buf[R_VALPHA]
@@ -220,15 +221,13 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, mine, 
             for p in range(p0, p1):
                 w[p] = min(clamp, op * gauss[p]) * t_k[p]
                 dot[p] = 0.0
-                mine[p] = 0.0
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
                 for p in range(p0, p1):
                     vd = f64(buf[N_BUF + d, p])
                     dot[p] += vd * f64(cd)
-                    mine[p] += vd * f64(w[p] * cd)
             for p in range(p0, p1):
-                behind = state[p] - mine[p] if per_splat else state[p]
+                behind = state[p] - f64(w[p]) * dot[p] if per_splat else state[p]
                 state[p] = behind if per_splat else state[p] + f64(w[p]) * dot[p]
                 t = t_k[p]
                 v = like(t, f64(t) * dot[p] - behind * f64(inv_1ma[p]))

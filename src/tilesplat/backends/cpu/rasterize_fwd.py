@@ -69,7 +69,8 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
     last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] float64
-    colour (the per_splat backward subtracts from the float64 sum).
+    colour: the sum of the exact products weight * colour (each is exact in float64), which
+    the per_splat backward subtracts from it again.
     """
     n_pix = px.shape[0]
     n_ch = acc.shape[0]
@@ -100,9 +101,9 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
             if flags.shape[1] > 0:
                 flags[k32, sub] = np.uint8(1)
             for d in range(n_ch):
-                cd = loc[j, 6 + d]
+                cd = np.float64(loc[j, 6 + d])
                 for p in range(n_pix):
-                    acc[d, p] += weight[p] * cd
+                    acc[d, p] += np.float64(weight[p]) * cd
         if n_live == 0:
             break
 
