@@ -8,7 +8,9 @@ saying what is missing (2DGS, 3DGUT, the Inria wrappers, PNG compression, the co
 Importing compiles nothing: backends load on first use.
 """
 
-# first, before anything loads torch: the tilesplat command's OpenMP wait policy
+# first, before anything loads torch: the tilesplat command's OpenMP wait policy and huge
+# pages for torch's CPU allocations
+import tilesplat.cli._hugepages  # noqa: F401
 import tilesplat.cli._openmp  # noqa: F401
 
 from . import compression, distributed, exporter, optimizers, strategy
