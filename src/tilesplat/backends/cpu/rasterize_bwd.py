@@ -113,7 +113,7 @@ def backward_kernel(
     py = np.zeros(n_pad, dt)
     live = np.zeros(n_pad, np.int32)
     t_final = np.ones(n_pad, dt)
-    trans = np.ones(n_pad, dt)  # running T of the slice loops
+    trans = np.ones(n_pad, dt)  # running T of tile_rows
     v_a = np.zeros(n_pad, dt)
     last = np.full(n_pad, -1, np.int32)
     # the remaining colour projected on v_colors, float64: per_splat's is a difference of

@@ -48,11 +48,12 @@ SUMS = {"reassoc", "nsz"}
 # ``forceinline``: :func:`pair_grads` and :func:`tile_rows` are inlined by LLVM (which, unlike
 # Numba-IR inlining, keeps pair_grads' own fast-math flags) into the kernel, so the code that
 # runs is the kernel's code, the same whether the kernel was just compiled or loaded from
-# Numba's cache. As separate functions, a process that compiled the kernel ran the callees as
-# compiled on their own, while the cached kernel ran its own copy of them, optimised again:
-# the reassociated sums came out in another order, and every first run after an install or
-# upgrade gave colour gradients that differed from all later runs in the last bits
-# (``tests/test_kernel_cache.py``). Inlined, the backward is also ~7 % faster.
+# Numba's cache. As separate functions they were not: a process that compiled the kernel
+# together with them did not run the code it wrote to the cache (whose copies of them were
+# optimised again with the kernel), the reassociated sums came out in another order, and every
+# first run after an install or upgrade gave colour gradients that differed from all later
+# runs in the last bits (``tests/test_kernel_cache.py``). Inlined, the backward is also ~5 %
+# faster.
 
 
 # Rows of the tile's scratch buffer ``buf`` [N_BUF + D, P] (P pixels of the tile): the
