@@ -84,6 +84,7 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
     f_conics = conics.reshape(conics.size)
     f_colors = colors.reshape(colors.size)
     f_bounds = bounds.reshape(bounds.size)
+    ranges = bounds.shape[0] > 0  # no bounds: the caller needs no slice ranges
     for j in range(end - start):
         if start + j + GATHER_AHEAD < end:
             h = flatten_ids[start + j + GATHER_AHEAD]
@@ -91,7 +92,7 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
             prefetch(f_conics, 3 * h)
             prefetch(f_colors, n_ch * h)
             prefetch(opacities, h)
-            if f_bounds.shape[0] > 0:
+            if ranges:
                 prefetch(f_bounds, 4 * h)
         g = flatten_ids[start + j]
         loc[j, 0] = means2d[g, 0]
@@ -102,7 +103,7 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
         loc[j, 5] = opacities[g]
         for d in range(n_ch):
             loc[j, 6 + d] = colors[g, d]
-        if bounds.shape[0] == 0:  # no bounds: the caller needs no slice ranges
+        if not ranges:
             continue
         r_lo = bounds[g, 2] - y0
         r_hi = bounds[g, 3] - y0

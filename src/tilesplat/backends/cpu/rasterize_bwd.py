@@ -109,8 +109,6 @@ def backward_kernel(
     buf = np.zeros((N_BUF + n_ch, n_pad), dt)  # the tile's scratch (tile_rows)
     v_c64 = np.zeros((3, n_pad), np.float64)  # RGB: the tile's v_c in float64
     dot = np.empty(n_pad, np.float64)
-    px = np.zeros(n_pad, dt)
-    py = np.zeros(n_pad, dt)
     live = np.zeros(n_pad, np.int32)
     t_final = np.ones(n_pad, dt)
     trans = np.ones(n_pad, dt)  # running T of tile_rows
@@ -120,12 +118,13 @@ def backward_kernel(
     # nearly equal sums
     state = np.zeros(n_pad, np.float64)
     bg_dot = np.zeros(n_pad, dt)
-    zero = like(px[0], 0.0)
-    one = like(px[0], 1.0)
+    zero = like(buf[0, 0], 0.0)
+    one = like(buf[0, 0], 1.0)
     for t in range(first, n_tiles, step):
         img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
-        init_tile_pixels(tx, ty, tile_size, width, height, px[:n_pix], py[:n_pix],
-                         live[:n_pix])
+        # the pixel centres go straight into tile_rows' scratch (its padding stays 0)
+        init_tile_pixels(tx, ty, tile_size, width, height, buf[R_PX, :n_pix],
+                         buf[R_PY, :n_pix], live[:n_pix])
         t_final[:] = one
         trans[:] = one
         buf[N_BUF:, :] = zero  # v_c
@@ -182,9 +181,6 @@ def backward_kernel(
             else:
                 v_a[p] = (v_a[p] - bg_dot[p]) * trans[p]
             state[p] -= np.float64(v_a[p])  # tile_rows' state is kept less v_a
-        for p in range(n_pad):
-            buf[R_PX, p] = px[p]
-            buf[R_PY, p] = py[p]
         tile_rows(loc, flags, start, n_k, last, trans, v_c64, state, buf, dot, absgrad,
                   per_splat, part)
 
