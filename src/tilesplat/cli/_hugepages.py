@@ -21,23 +21,15 @@ themselves: ``THP_MEM_ALLOC_ENABLE=1 python train.py``.
 
 from __future__ import annotations
 
-import os
-import sys
-
-from ._openmp import is_tilesplat_command
+from ._openmp import set_for_command
 
 VARIABLE = "THP_MEM_ALLOC_ENABLE"
 
 
 def apply() -> bool:
-    """Sets ``THP_MEM_ALLOC_ENABLE=1`` for the tilesplat command when torch has not loaded and
-    the user set no value; returns whether it did."""
-    if VARIABLE in os.environ or "torch" in sys.modules:
-        return False
-    if not is_tilesplat_command(list(getattr(sys, "orig_argv", sys.argv))):
-        return False
-    os.environ[VARIABLE] = "1"
-    return True
+    """Sets ``THP_MEM_ALLOC_ENABLE=1`` for the tilesplat command (``_openmp.set_for_command``:
+    not when torch has loaded or the user set a value); returns whether it did."""
+    return set_for_command(VARIABLE, "1")
 
 
 apply()

@@ -43,15 +43,20 @@ def is_tilesplat_command(argv: list[str]) -> bool:
     return False
 
 
-def apply() -> bool:
-    """Sets ``OMP_WAIT_POLICY=PASSIVE`` for the tilesplat command when torch has not loaded
-    and the user set no policy; returns whether it did."""
-    if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
+def set_for_command(name: str, value: str) -> bool:
+    """Sets the environment variable ``name`` to ``value`` when the process is the tilesplat
+    command, torch has not loaded and the user set no value; returns whether it did."""
+    if name in os.environ or "torch" in sys.modules:
         return False
     if not is_tilesplat_command(list(getattr(sys, "orig_argv", sys.argv))):
         return False
-    os.environ["OMP_WAIT_POLICY"] = POLICY
+    os.environ[name] = value
     return True
+
+
+def apply() -> bool:
+    """Sets ``OMP_WAIT_POLICY=PASSIVE`` for the tilesplat command (:func:`set_for_command`)."""
+    return set_for_command("OMP_WAIT_POLICY", POLICY)
 
 
 apply()
