@@ -9,11 +9,18 @@ DET_MIN = 1e-10  # lower clamp of det(cov2d) before inversion, as gsplat's refer
 FISHEYE_EPS = 1e-7  # gsplat's epsilon in the fisheye projection
 DEFAULT_TILE_SIZE = 16
 
-CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
+# Camera models: the code each native kernel dispatches on (backends/shared/cameras.py) by
+# name; a new model is one more entry (docs/README.md, "where things go").
+CAMERA_CODES = {"pinhole": 0, "ortho": 1, "fisheye": 2}
+CAMERA_MODELS = tuple(CAMERA_CODES)
 RASTERIZE_MODES = ("classic", "antialiased")
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 SH_MAX_DEGREE = 4
+SH_C0 = 0.28209479177387814  # Y_0^0 = 1 / (2 sqrt(pi)): colour = SH_C0 * dc (+ 0.5)
+
+# Backend names (DESIGN.md): "auto" picks the native backend of the tensors' device.
+BACKENDS = ("auto", "torch", "cpu", "cuda")
 
 # SSIM of the photometric loss (Wang et al. 2004): an 11x11 Gaussian window of sigma 1.5,
 # C1 = (0.01 * L)^2 and C2 = (0.03 * L)^2 for the data range L = 1
