@@ -21,15 +21,8 @@ from torch import Tensor
 from ..data.dataset import Frame
 from .config import TrainConfig
 from .losses import photometric_loss
-from .splats import (
-    Optimizers,
-    Params,
-    make_optimizers,
-    make_params,
-    render_splats,
-    set_learning_rates,
-)
-from .twodgs import distortion_active, render_surfels, surfel_regularisation
+from .models import ModelKind, model_kind
+from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
 
 # Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
 InfoHook = Callable[[dict[str, Any]], None]
@@ -191,6 +184,7 @@ def optimization_step(
     step: int,
     scene_scale: float,
     *,
+    model: ModelKind | None = None,
     absgrad: bool = False,
     before_backward: InfoHook | None = None,
     after_backward: InfoHook | None = None,
@@ -200,6 +194,7 @@ def optimization_step(
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
+    ``model`` is the model kind that renders and regularises (default: the config's).
     ``before_backward`` runs after rendering (the strategy's ``step_pre_backward``, or a hook
     that retains intermediate gradients); ``after_backward`` runs when the gradients are in
     ``params[name].grad``, before Adam consumes them. ``clock`` times the stages
@@ -208,33 +203,19 @@ def optimization_step(
     loss (:func:`training_loss`).
     """
     clock = clock if clock is not None else _NoClock()
-    surfels = None
+    model = model if model is not None else model_kind(cfg)
     with clock.stage("render"):
-        if cfg.model == "2dgs":
-            surfels = render_surfels(
-                params, batch.viewmats, batch.Ks, batch.width, batch.height, cfg,
-                sh_degree_at(cfg, step), backgrounds=batch.backgrounds, absgrad=absgrad,
-                distloss=distortion_active(cfg, step),
-            )  # fmt: skip
-            colors, info = surfels.colors, surfels.info
-        else:
-            colors, _, info = render_splats(
-                params,
-                batch.viewmats,
-                batch.Ks,
-                batch.width,
-                batch.height,
-                cfg,
-                sh_degree_at(cfg, step),
-                backgrounds=batch.backgrounds,
-                absgrad=absgrad,
-                distributed=distributed,
-            )
+        out = model.render(
+            params, batch.viewmats, batch.Ks, batch.width, batch.height, cfg,
+            sh_degree_at(cfg, step), backgrounds=batch.backgrounds, step=step, absgrad=absgrad,
+            distributed=distributed,
+        )  # fmt: skip
+        colors, info = out.colors, out.info
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
         loss = training_loss(params, colors, batch.target, cfg, loss_share)
-        extra = None if surfels is None else surfel_regularisation(surfels, cfg, step)
+        extra = model.regularisation(out, cfg, step)
         if extra is not None:
             loss = loss + extra
     with clock.stage("backward"):
