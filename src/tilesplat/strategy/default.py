@@ -18,6 +18,7 @@ and gsplat's documentation say.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -48,50 +49,31 @@ class DefaultStrategy(Strategy):
     verbose: bool = False
     key_for_gradient: Literal["means2d", "gradient_2dgs"] = "means2d"
 
-    # 3DGS's recipe (Kerbl et al. 2023): what the trainer's -1 keys take with this strategy
-    CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
-        "init_opacity": 0.1,
-        "init_scale": 1.0,
-        "opacity_reg": 0.0,
-        "scale_reg": 0.0,
+    POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("packed",)
+    # CONFIG_DEFAULTS: the base's, 3DGS's recipe (Kerbl et al. 2023)
+
+    CONFIG_KEYS: ClassVar[dict[str, str]] = {
+        "prune_opa": "prune_opacity",
+        "grow_grad2d": "grow_grad2d",
+        "grow_scale3d": "grow_scale3d",
+        "prune_scale3d": "prune_scale3d",
+        "refine_start_iter": "refine_start",
+        "refine_stop_iter": "refine_stop",
+        "reset_every": "reset_every",
+        "refine_every": "refine_every",
+        "pause_refine_after_reset": "pause_refine_after_reset",
+        "absgrad": "absgrad",
     }
 
     @classmethod
     def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> DefaultStrategy:
-        """The strategy of a ``TrainConfig``'s ``prune_opacity``, ``grow_grad2d``,
-        ``grow_scale3d``, ``prune_scale3d``, ``refine_*``, ``reset_every``,
-        ``pause_refine_after_reset`` and ``absgrad``."""
-        return cls(
-            prune_opa=cfg.prune_opacity,
-            grow_grad2d=cfg.grow_grad2d,
-            grow_scale3d=cfg.grow_scale3d,
-            prune_scale3d=cfg.prune_scale3d,
-            refine_start_iter=cfg.refine_start,
-            refine_stop_iter=cfg.refine_stop,
-            reset_every=cfg.reset_every,
-            refine_every=cfg.refine_every,
-            pause_refine_after_reset=cfg.pause_refine_after_reset,
-            absgrad=cfg.absgrad,
-            key_for_gradient=key_for_gradient,
-        )
+        """The base's, densifying on the gradient of ``key_for_gradient``."""
+        made = super().from_config(cfg)
+        return dataclasses.replace(made, key_for_gradient=key_for_gradient)
 
     def wants_absgrad(self) -> bool:
         """With ``absgrad`` it grows by the absolute screen-space gradient (AbsGS)."""
         return self.absgrad
-
-    def post_backward(
-        self,
-        params: Params,
-        optimizers: Optimizers,
-        state: dict[str, Any],
-        step: int,
-        info: dict[str, Any],
-        *,
-        packed: bool,
-        lr: float,
-    ) -> None:
-        """``step_post_backward(..., packed=packed)``."""
-        self.step_post_backward(params, optimizers, state, step, info, packed=packed)
 
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
         """State: ``grad2d`` [N] summed gradient norms, ``count`` [N] views, ``scene_scale``,

@@ -34,6 +34,7 @@ class MCMCStrategy(Strategy):
     min_opacity: float = 0.005
     verbose: bool = False
 
+    POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("lr",)
     # 3DGS-MCMC's recipe (Kheradmand et al. 2024, as gsplat's MCMC config): what the
     # trainer's -1 keys take with this strategy
     CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
@@ -43,33 +44,14 @@ class MCMCStrategy(Strategy):
         "scale_reg": 0.01,
     }
 
-    @classmethod
-    def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> MCMCStrategy:
-        """The strategy of a ``TrainConfig``'s ``cap_max``, ``noise_lr``, ``refine_start``,
-        ``refine_stop``, ``refine_every`` and ``prune_opacity`` (MCMC reads no screen-space
-        gradient: ``key_for_gradient`` is unused)."""
-        return cls(
-            cap_max=cfg.cap_max,
-            noise_lr=cfg.noise_lr,
-            refine_start_iter=cfg.refine_start,
-            refine_stop_iter=cfg.refine_stop,
-            refine_every=cfg.refine_every,
-            min_opacity=cfg.prune_opacity,
-        )
-
-    def post_backward(
-        self,
-        params: Params,
-        optimizers: Optimizers,
-        state: dict[str, Any],
-        step: int,
-        info: dict[str, Any],
-        *,
-        packed: bool,
-        lr: float,
-    ) -> None:
-        """``step_post_backward(..., lr=lr)``."""
-        self.step_post_backward(params, optimizers, state, step, info, lr=lr)
+    CONFIG_KEYS: ClassVar[dict[str, str]] = {
+        "cap_max": "cap_max",
+        "noise_lr": "noise_lr",
+        "refine_start_iter": "refine_start",
+        "refine_stop_iter": "refine_stop",
+        "refine_every": "refine_every",
+        "min_opacity": "prune_opacity",
+    }
 
     def share(self, rank: int, world_size: int) -> MCMCStrategy:
         """A copy whose ``cap_max`` is rank ``rank``'s part of the even split of the whole

@@ -16,7 +16,7 @@ from ..io.images import write_png
 from .config import TrainConfig
 from .device import training_device
 from .metrics import psnr, ssim_metric
-from .models import Render, model_kind
+from .models import Cameras, Render, model_kind
 
 
 def render_view(
@@ -25,16 +25,14 @@ def render_view(
     """The model seen from ``frame``'s camera at the full SH degree, as the model kind renders
     it for evaluation (C = 1), on the parameters' device."""
     device = params["means"].device
-    return model_kind(cfg).render(
-        params,
-        frame.viewmat[None].float().to(device),
-        frame.K[None].float().to(device),
-        frame.width,
-        frame.height,
-        cfg,
-        sh_degree=cfg.sh_degree,
+    cams = Cameras(
+        viewmats=frame.viewmat[None].float().to(device),
+        Ks=frame.K[None].float().to(device),
+        width=frame.width,
+        height=frame.height,
         backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
     )
+    return model_kind(cfg).render(params, cams, cfg, sh_degree=cfg.sh_degree)
 
 
 def render_frame(

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..data.dataset import Frame
 from .config import TrainConfig
 from .losses import photometric_loss
-from .models import ModelKind, model_kind
+from .models import Cameras, ModelKind, model_kind
 from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
 
 # Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
@@ -44,31 +44,27 @@ STEP_STAGES = ("render", "loss", "backward", "adam")
 
 
 @dataclass
-class Batch:
+class Batch(Cameras):
     """The cameras and images of one step, on one device.
 
     Attributes:
         viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
-        target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
         backgrounds: [C, 3] the colour each render is composited on.
+        target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
     """
 
-    viewmats: Tensor
-    Ks: Tensor
-    target: Tensor
     backgrounds: Tensor
-    width: int
-    height: int
+    target: Tensor
 
     def to(self, device: torch.device | str) -> Batch:
         """This batch on ``device``."""
         return Batch(
-            self.viewmats.to(device),
-            self.Ks.to(device),
-            self.target.to(device),
-            self.backgrounds.to(device),
-            self.width,
-            self.height,
+            viewmats=self.viewmats.to(device),
+            Ks=self.Ks.to(device),
+            width=self.width,
+            height=self.height,
+            backgrounds=self.backgrounds.to(device),
+            target=self.target.to(device),
         )
 
 
@@ -100,7 +96,8 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
             target = recomposite(target, alpha, background, bg)
     else:
         bg = background.expand(n_cams, 3)
-    return Batch(viewmats, Ks, target, bg.contiguous(), frames[0].width, frames[0].height)
+    return Batch(viewmats=viewmats, Ks=Ks, width=frames[0].width, height=frames[0].height,
+                 backgrounds=bg.contiguous(), target=target)
 
 
 class CameraOrder:
@@ -205,11 +202,8 @@ def optimization_step(
     clock = clock if clock is not None else _NoClock()
     model = model if model is not None else model_kind(cfg)
     with clock.stage("render"):
-        out = model.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, cfg,
-            sh_degree_at(cfg, step), backgrounds=batch.backgrounds, step=step, absgrad=absgrad,
-            distributed=distributed,
-        )  # fmt: skip
+        out = model.render(params, batch, cfg, sh_degree_at(cfg, step), step=step,
+                           absgrad=absgrad, distributed=distributed)
         colors, info = out.colors, out.info
     if before_backward is not None:
         before_backward(info)

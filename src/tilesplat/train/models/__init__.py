@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import seams
 from . import gaussians, surfels  # noqa: F401  (each registers its kind)
-from .base import ModelKind, Render
+from .base import Cameras, ModelKind, Render
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -20,4 +20,4 @@ def model_kind(cfg: TrainConfig) -> ModelKind:
     return seams.variant("model", cfg.model)()
 
 
-__all__ = ["ModelKind", "Render", "model_kind"]
+__all__ = ["Cameras", "ModelKind", "Render", "model_kind"]

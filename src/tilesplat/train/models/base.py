@@ -21,6 +21,32 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Cameras:
+    """C cameras of one image size, and the colours their renders are composited on.
+
+    Attributes:
+        viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
+        backgrounds: [C, 3], or None for black.
+    """
+
+    viewmats: Tensor
+    Ks: Tensor
+    width: int
+    height: int
+    backgrounds: Tensor | None
+
+
+def render_args(cams: Cameras, cfg: TrainConfig, sh_degree: int) -> dict[str, Any]:
+    """The keyword arguments every kind's rasterizer takes alike from the cameras and the
+    config (``rasterization`` and ``rasterization_2dgs``)."""
+    return {
+        "viewmats": cams.viewmats, "Ks": cams.Ks, "width": cams.width, "height": cams.height,
+        "near_plane": cfg.near_plane, "far_plane": cfg.far_plane, "sh_degree": sh_degree,
+        "packed": cfg.packed, "backgrounds": cams.backgrounds, "backend": cfg.backend,
+    }  # fmt: skip
+
+
+@dataclass
 class Render:
     """What one render of C cameras gives.
 
@@ -52,24 +78,12 @@ class ModelKind:
         """The kind's initial parameters from 3DGS ones (``init.init_params``)."""
         return params
 
-    def render(
-        self,
-        params: dict[str, Tensor],
-        viewmats: Tensor,  # [C, 4, 4]
-        Ks: Tensor,  # [C, 3, 3]
-        width: int,
-        height: int,
-        cfg: TrainConfig,
-        sh_degree: int,
-        backgrounds: Tensor | None = None,  # [C, 3]
-        *,
-        step: int | None = None,
-        absgrad: bool = False,
-        distributed: bool = False,
-    ) -> Render:
-        """Render the model from C cameras: for training ``step`` (``absgrad`` on the
-        screen-space means; ``distributed``: this rank's shard, as
-        ``rasterization(distributed=True)``), or with ``step = None`` for evaluation."""
+    def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
+               sh_degree: int, *, step: int | None = None, absgrad: bool = False,
+               distributed: bool = False) -> Render:
+        """Render the model from the C cameras ``cams`` at ``sh_degree``: for training
+        ``step`` (``absgrad`` on the screen-space means; ``distributed``: this rank's shard,
+        as ``rasterization(distributed=True)``), or with ``step = None`` for evaluation."""
         raise NotImplementedError(f"{type(self).__name__}.render")
 
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:

@@ -31,7 +31,7 @@ from torch import Tensor
 from ...rendering.surfels import rasterization_2dgs
 from .. import seams
 from ..splats import activated
-from .base import ModelKind, Render
+from .base import Cameras, ModelKind, Render, render_args
 from .surfel_pictures import write_surfel_renders
 
 if TYPE_CHECKING:
@@ -72,33 +72,21 @@ class SurfelRender(Render):
 
 def render_surfels(
     params: dict[str, Tensor],
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
+    cams: Cameras,
     cfg: TrainConfig,
     sh_degree: int,
-    backgrounds: Tensor | None = None,  # [C, 3]
     absgrad: bool = False,
     distloss: bool = False,
     expected_depth: bool = False,
 ) -> SurfelRender:
-    """Render the surfels from C cameras with :func:`tilesplat.rasterization_2dgs`."""
+    """Render the surfels from the C cameras ``cams`` with :func:`tilesplat.rasterization_2dgs`
+    (``RGB+ED`` with ``expected_depth``, else ``RGB+D``)."""
     renders, alphas, normals, from_depth, distort, median, info = rasterization_2dgs(
         **activated(params),
-        viewmats=viewmats,
-        Ks=Ks,
-        width=width,
-        height=height,
-        near_plane=cfg.near_plane,
-        far_plane=cfg.far_plane,
-        sh_degree=sh_degree,
-        packed=cfg.packed,
-        backgrounds=backgrounds,
+        **render_args(cams, cfg, sh_degree),
         render_mode="RGB+ED" if expected_depth else "RGB+D",
         absgrad=absgrad,
         distloss=distloss,
-        backend=cfg.backend,
     )
     return SurfelRender(
         colors=renders[..., :3],
@@ -169,32 +157,18 @@ class Surfels(ModelKind):
         """The initial 3DGS parameters with the third scale flat."""
         return {**params, "scales": flatten_scales(params["scales"])}
 
-    def render(
-        self,
-        params: dict[str, Tensor],
-        viewmats: Tensor,  # [C, 4, 4]
-        Ks: Tensor,  # [C, 3, 3]
-        width: int,
-        height: int,
-        cfg: TrainConfig,
-        sh_degree: int,
-        backgrounds: Tensor | None = None,  # [C, 3]
-        *,
-        step: int | None = None,
-        absgrad: bool = False,
-        distributed: bool = False,
-    ) -> SurfelRender:
+    def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
+               sh_degree: int, *, step: int | None = None, absgrad: bool = False,
+               distributed: bool = False) -> SurfelRender:
         """:func:`render_surfels`: in ``RGB+D`` with the distortion from ``dist_start`` on for
         training, in ``RGB+ED`` for evaluation (``step = None``). ``distributed`` is refused
         by the config (:meth:`config_errors`)."""
         if distributed:
             raise ValueError("model = '2dgs' does not render distributed (parallel = 'none')")
         evaluation = step is None
-        return render_surfels(
-            params, viewmats, Ks, width, height, cfg, sh_degree, backgrounds=backgrounds,
-            absgrad=absgrad, distloss=not evaluation and distortion_active(cfg, step),
-            expected_depth=evaluation,
-        )  # fmt: skip
+        distloss = not evaluation and distortion_active(cfg, step)
+        return render_surfels(params, cams, cfg, sh_degree, absgrad=absgrad, distloss=distloss,
+                              expected_depth=evaluation)
 
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:
         """The normal-consistency term from ``normal_start`` on and the mean distortion from
