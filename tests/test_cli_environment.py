@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tilesplat.cli._openmp import is_tilesplat_command
+from tilesplat.command_env import is_tilesplat_command
 
 PRINT = "import os, tilesplat, torch; print(os.environ.get({!r}))\n"
 

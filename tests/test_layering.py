@@ -1,20 +1,23 @@
 """Imports point down the layers of docs/architecture.md: cli → train/bench/viewer → data/io →
-rendering → ops → backends. A test fails when an import points upward."""
+rendering → ops → backends, and no module takes part in an import circle. A test fails when an
+import points upward or closes a circle."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tilesplat"
 LAYER = {
     "constants": -1,
+    "command_env": -1,
     "assets": -1,
     "__version__": -1,
     "backends": 0,
     "ops": 1,
     "rendering": 2,
     "distributed": 2,
-    "sharding": 2,
-    "variants": 2,
     "data": 3,
     "strategy": 3,
     "optimizers": 3,
@@ -41,15 +44,18 @@ def _imports(path: Path):
     pkg_parts = ["tilesplat", *rel.parts[:-1]]
     if rel.parts[-1] == "__init__":
         pkg_parts = ["tilesplat", *rel.parts[:-1]]
+    modules = _modules()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg_parts[: len(pkg_parts) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
-                names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
             else:
-                names = [node.module or ""]
-            for name in names:
+                mod = node.module or ""
+            # from X import y: the module X.y when there is one, else X
+            names = {f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod
+                     for a in node.names}
+            for name in sorted(names):
                 yield node.lineno, name
         elif isinstance(node, ast.Import):
             for a in node.names:
@@ -92,13 +98,22 @@ def test_train_and_bench_point_one_way():
     assert "tilesplat.train.step" in replay
 
 
-def _module_graph(package: str) -> dict[str, set[str]]:
-    """Imports between the modules of ``tilesplat.<package>`` (lazy imports included)."""
+def _modules() -> dict[str, Path]:
+    """Every module of tilesplat by dotted name (a package by its ``__init__``)."""
     mods = {}
-    for path in sorted((SRC / package).rglob("*.py")):
+    for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).with_suffix("").parts
-        name = ".".join(["tilesplat", *(rel[:-1] if rel[-1] == "__init__" else rel)])
-        mods[name] = path
+        mods[".".join(["tilesplat", *(rel[:-1] if rel[-1] == "__init__" else rel)])] = path
+    return mods
+
+
+def _module_graph(package: str = "") -> dict[str, set[str]]:
+    """Imports between the modules of ``tilesplat.<package>`` (all of tilesplat when empty),
+    lazy imports inside functions and imports for type checking included: an edge is any
+    import statement, wherever it stands. ``from X import y`` is an edge to ``X.y`` when that
+    is a module, else to ``X``; a module's import of its own package is not an edge."""
+    prefix = "tilesplat" + (f".{package}" if package else "")
+    mods = {m: p for m, p in _modules().items() if m == prefix or m.startswith(prefix + ".")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for _, name in _imports(path):
@@ -109,19 +124,82 @@ def _module_graph(package: str) -> dict[str, set[str]]:
     return graph
 
 
-def test_data_floor_has_no_import_cycle():
-    """dataset.py imports the Blender and COLMAP loaders; they import frames.py, never it back
-    (the circle that issue 12 removed). The SfM package and the room scene sit on the floor."""
-    graph = _module_graph("data")
-    assert {"tilesplat.data.sfm.pipeline", "tilesplat.data.room"} <= graph.keys()
-    for start in graph:
-        stack, seen = list(graph[start]), set()
-        while stack:
-            mod = stack.pop()
-            assert mod != start, f"import cycle through {start}"
-            if mod not in seen:
-                seen.add(mod)
-                stack.extend(graph.get(mod, ()))
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_anywhere():
+    """No circle among all of tilesplat's modules (issue 22 removed the last three: the
+    bench's tolerances and its ``run:`` dispatch, the io helpers and the suffix table, the
+    config and the variants it validates)."""
+    graph = _module_graph()
+    assert {"tilesplat.train.config", "tilesplat.data.sfm.pipeline", "tilesplat.io.ply"} <= (
+        graph.keys()
+    )
+    circles = _circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_circle_finder_finds_circles():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_cli_imports_cli():
+    """The command line sits on top: no other module imports ``tilesplat.cli``."""
+    for path in SRC.rglob("*.py"):
+        if path.relative_to(SRC).parts[0] == "cli":
+            continue
+        for line, name in _imports(path):
+            assert not name.startswith("tilesplat.cli"), f"{path}:{line} imports {name}"
+
+
+def test_import_tilesplat_touches_no_cli_module():
+    """``import tilesplat`` loads no module of the CLI (its environment defaults live in the
+    standard-library module ``command_env``)."""
+    code = ("import sys, tilesplat; "
+            "print(sorted(m for m in sys.modules if m.startswith('tilesplat.cli')))")
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_command_env_uses_only_the_standard_library():
+    for _, name in _imports(SRC / "command_env.py"):
+        assert name.split(".")[0] in sys.stdlib_module_names, name
 
 
 def test_pycolmap_only_inside_functions():

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from test_distributed import _free_port, _init, _run_cli, _spawn
-from tilesplat.train.model_parallel import (
+from tilesplat.train.parallel.model import (
     even_counts,
     needs_rebalance,
     transfer_splits,
@@ -75,7 +75,7 @@ def _check_rows(params, opts, state, lo: int, hi: int) -> None:
 
 
 def _rebalance(rank: int, port: int) -> None:
-    from tilesplat.train.model_parallel import ModelParallel
+    from tilesplat.train.parallel import ModelParallel
 
     _init(rank, port)
     try:
@@ -142,6 +142,7 @@ def _train_as_one(rank: int, port: int, folder: str) -> None:
     hold the whole model and resume on any number of ranks."""
     from tilesplat.data.dataset import load_dataset
     from tilesplat.train.config import TrainConfig
+    from tilesplat.train.parallel import ModelParallel
     from tilesplat.train.trainer import Trainer
 
     _init(rank, port)
@@ -160,16 +161,18 @@ def _train_as_one(rank: int, port: int, folder: str) -> None:
             single.params["scales"].add_(aniso)
         sharded = Trainer(TrainConfig(parallel="model", **common).validate(), dataset,
                           f"{folder}/ranks", **quiet)
-        assert sharded.sharded is not None and len(sharded.params["means"]) == 50
+        assert isinstance(sharded.parallel, ModelParallel)
+        assert len(sharded.params["means"]) == 50
         with torch.no_grad():
             sharded.params["scales"].add_(aniso[50 * rank:50 * rank + 50])
         # uneven shards: the first step's check must rebalance them
-        sharded.sharded.rebalance(sharded.params, sharded.optimizers,
+        sharded.parallel.rebalance(sharded.params, sharded.optimizers,
                                   sharded.strategy_state, target=[30, 70])
         for step in range(12):
             single.train_step(step)
             sharded.train_step(step)
-        assert sharded.rebalances and sharded.rebalances[0][:2] == (0, [30, 70])
+        assert sharded.parallel.rebalances
+        assert sharded.parallel.rebalances[0][:2] == (0, [30, 70])
         n = len(single.params["means"])
         assert n > 100, "the run should densify"
         assert sharded.n_gaussians == n
@@ -183,7 +186,7 @@ def _train_as_one(rank: int, port: int, folder: str) -> None:
             # a model-parallel checkpoint continues in one process
             alone = Trainer(TrainConfig(**common).validate(), dataset, f"{folder}/alone",
                             checkpoint=whole, **quiet)
-            assert alone.sharded is None and alone.n_gaussians == n
+            assert alone.parallel.world_size == 1 and alone.n_gaussians == n
             alone.train_step(12)
         else:
             assert whole is None

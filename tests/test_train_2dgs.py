@@ -17,11 +17,12 @@ from tilesplat.io.images import read_image
 from tilesplat.io.ply import load_ply
 from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig, config_from_dict, load_config
-from tilesplat.train.evaluate import render_surfel_frame
+from tilesplat.train.evaluate import render_view
 from tilesplat.train.metrics import psnr
+from tilesplat.train.models.surfel_pictures import OPAQUE, RENDER_FOLDERS
+from tilesplat.train.models.surfels import FLAT_RATIO
 from tilesplat.train.run import load_run
 from tilesplat.train.trainer import Trainer
-from tilesplat.train.twodgs import FLAT_RATIO, OPAQUE, RENDER_FOLDERS
 
 STEPS = 200
 
@@ -122,7 +123,7 @@ def test_2dgs_writes_normal_and_depth_renders(trained):
     # the tensors behind the pictures
     cfg, params, _ = load_run(run)
     frame = load_dataset(data).test[0]
-    out = render_surfel_frame(params, frame, cfg, (1.0, 1.0, 1.0))
+    out = render_view(params, frame, cfg, (1.0, 1.0, 1.0))
     for name in ("colors", "alphas", "depths", "normals", "normals_from_depth", "median"):
         t = getattr(out, name)
         assert t.shape[:3] == (1, 32, 32) and torch.isfinite(t).all(), name
@@ -179,7 +180,7 @@ def test_2dgs_ply_round_trip(trained, tmp_path):
     assert all(torch.equal(again[k], ply[k]) for k in ply)
 
     frame = load_dataset(data).test[0]
-    surfels = render_surfel_frame(params, frame, cfg, (1.0, 1.0, 1.0)).colors[0].clamp(0, 1)
+    surfels = render_view(params, frame, cfg, (1.0, 1.0, 1.0)).colors[0].clamp(0, 1)
     as_3dgs, _, _ = rasterization(
         ply["means"], ply["quats"], ply["log_scales"].exp(), torch.sigmoid(ply["opacity_logits"]),
         ply["sh"], frame.viewmat[None].float(), frame.K[None].float(), frame.width, frame.height,

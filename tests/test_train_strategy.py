@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tilesplat.train.strategy import DefaultStrategy, MCMCStrategy
-from tilesplat.train.strategy.ops import (
+from tilesplat.strategy import DefaultStrategy, MCMCStrategy
+from tilesplat.strategy.ops import (
     compute_relocation,
     duplicate,
     inject_noise,

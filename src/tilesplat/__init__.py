@@ -9,9 +9,8 @@ Importing compiles nothing: backends load on first use.
 """
 
 # first, before anything loads torch: the tilesplat command's OpenMP wait policy and huge
-# pages for torch's CPU allocations
-import tilesplat.cli._hugepages  # noqa: F401
-import tilesplat.cli._openmp  # noqa: F401
+# pages for torch's CPU allocations (standard library only)
+from . import command_env  # noqa: F401, I001
 
 from . import compression, distributed, exporter, optimizers, strategy
 from .backends.registry import (
@@ -45,13 +44,13 @@ from .ops.indices import (
 from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
 from .ops.unsupported import fully_fused_projection_with_ut, rasterize_to_pixels_eval3d
 from .optimizers import SelectiveAdam
-from .rendering import rasterization
-from .strategy import DefaultStrategy, MCMCStrategy, Strategy
-from .variants import (
+from .rendering import (
+    rasterization,
     rasterization_2dgs,
     rasterization_2dgs_inria_wrapper,
     rasterization_inria_wrapper,
 )
+from .strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 __version__ = "0.1.0"
 

@@ -3,6 +3,10 @@
 Each subcommand is a module of this package with ``COMMAND`` (its name), ``HELP`` (one
 line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules import heavy packages
 inside ``run`` so that ``tilesplat --help`` stays fast.
+
+Errors: what the library raises for a user's input (``ValueError`` naming the argument, key
+or file; ``FileNotFoundError``; ``NotImplementedError`` for what is not built) is one line and
+exit status 2. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import argparse
 import importlib
 import pkgutil
 import sys
+
+# what the library raises for bad input (ops/validation.py, train/config.py, the file readers)
+USER_ERRORS = (ValueError, FileNotFoundError, NotImplementedError)
 
 
 def _commands() -> list:
@@ -43,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+    except USER_ERRORS as exc:
         # A user's mistake: say what was wrong without a traceback.
         print(f"tilesplat {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -41,16 +41,14 @@ def open_model(target: str | Path) -> Model:
             f"{path}: expected a run folder, a checkpoint (.pt) or a splat file "
             f"({', '.join(SPLAT_SUFFIXES)})"
         )
+    import torch
+
+    from ..train.models import model_kind
     from ..train.run import open_checkpoint
 
     rc = open_checkpoint(path)
     p = {k: v.detach().float() for k, v in rc.ckpt["params"].items()}
-    import torch
-
-    if rc.cfg.model == "2dgs":  # surfels: the third scale flat, as the run's PLY
-        from ..train.twodgs import flatten_scales
-
-        p["scales"] = flatten_scales(p["scales"])
+    p = model_kind(rc.cfg).export(p)  # as the run's PLY holds them (2DGS: flat third scale)
     gaussians = {
         "means": p["means"],
         "quats": p["quats"],

@@ -13,8 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.run import evaluate_run
-    from .train import summary
+    from ..train.run import evaluate_run, summary
 
     metrics = evaluate_run(args.run_dir)
     print(summary(args.run_dir, metrics))

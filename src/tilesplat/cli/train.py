@@ -53,19 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def summary(run_dir: object, metrics: dict) -> str:
-    """The closing line: test PSNR first, since it is what the README promises."""
-    parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
-    if "lpips" in metrics:
-        parts.append(f"LPIPS {metrics['lpips']:.4f}")
-    secs = metrics.get("train_seconds") or 0.0
-    parts.append(
-        f"{metrics['n_views']} views, {metrics['n_gaussians']} Gaussians, "
-        f"{metrics['step']} steps in {secs:.0f} s"
-    )
-    return "  ".join(parts) + f"\nrun folder: {run_dir}"
-
-
 def prepare_images(cfg: TrainConfig, images: str) -> TrainConfig:
     """``cfg`` training the dataset that ``tilesplat prepare`` makes of ``images`` in the run
     folder's ``data/`` (reused when a run_dir given again already holds one)."""
@@ -86,7 +73,7 @@ def prepare_images(cfg: TrainConfig, images: str) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     from ..train.config import TrainConfig, apply_overrides, describe_fields, load_config
-    from ..train.run import resume_run, train_run
+    from ..train.launch import torchrun_world, train_job
 
     if args.list_keys:
         print(describe_fields())
@@ -105,73 +92,15 @@ def run(args: argparse.Namespace) -> int:
         if args.images:
             if args.data:
                 raise ValueError("give --images (photos) or --data (a dataset), not both")
-            if _torchrun_world() > 1:  # every rank would run SfM into one folder
+            if torchrun_world() > 1:  # every rank would run SfM into one folder
                 raise ValueError("--images under torchrun: run tilesplat prepare IMAGES OUT "
                                  "once, then train --data OUT")
             cfg = prepare_images(cfg, args.images)
-        if (args.nproc > 1 or _torchrun_world() > 1) and cfg.parallel == "none":
+        if (args.nproc > 1 or torchrun_world() > 1) and cfg.parallel == "none":
             cfg = apply_overrides(cfg, ["parallel=data"])
         from ..train.device import training_device
 
         training_device(cfg)  # a device this machine cannot give fails before any work
         job = (cfg, None, [])
-    if _torchrun_world() > 1:  # this process is one rank of a torchrun job
-        _join_torchrun(job)
-        from ..distributed import end_rank_process
-
-        end_rank_process()  # the rank's work is written: skip gloo's racy finalization
-    if args.nproc > 1:
-        from ..distributed import launch_local
-
-        launch_local(args.nproc, _train_rank, job, backend="gloo")
-        return 0
-    cfg, resume, overrides = job
-    if resume:
-        run_dir, metrics = resume_run(resume, overrides)
-    else:
-        run_dir, metrics = train_run(cfg)
-    print(summary(run_dir, metrics))
+    train_job(job, args.nproc)
     return 0
-
-
-def _torchrun_world() -> int:
-    from ..distributed import torchrun_world_size
-
-    return max(1, torchrun_world_size())
-
-
-def _train_rank(local_rank: int, world_rank: int, world_size: int, job: tuple) -> None:
-    """One rank of a data- or model-parallel training (the process group is up): the cores are
-    shared between the local ranks, and only rank 0 logs and writes."""
-    import os
-
-    import numba
-    import torch
-
-    from ..train.config import apply_overrides
-    from ..train.run import resume_run, train_run
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    threads = max(1, (os.cpu_count() or 1) // local)
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    torch.set_num_threads(threads)
-    cfg, resume, overrides = job
-    quiet = world_rank != 0
-    log = (lambda msg: None) if quiet else print
-    if quiet:
-        overrides = [*overrides, "progress=false"]
-        if cfg is not None:
-            cfg = apply_overrides(cfg, ["progress=false"])
-    if resume:
-        run_dir, metrics = resume_run(resume, overrides, log=log, several_ranks=True)
-    else:
-        run_dir, metrics = train_run(cfg, log=log)
-    if not quiet:
-        print(summary(run_dir, metrics))
-
-
-def _join_torchrun(job: tuple) -> None:
-    from ..distributed import join_torchrun
-
-    # distributed training keeps its tensors on the CPU (train/device.py refuses a GPU)
-    join_torchrun(_train_rank, job, "gloo")

@@ -8,12 +8,25 @@ gsplat 1.5.3's arguments, so loops written for gsplat run unchanged::
     loss.backward()
     strategy.step_post_backward(params, optimizers, state, step, info, packed=packed)  # default
     strategy.step_post_backward(params, optimizers, state, step, info, lr=means_lr)    # MCMC
+
+tilesplat's trainer builds its strategy from its config and calls it through the same hooks,
+never asking which strategy it holds: each class says, as class attributes and methods, what
+the trainer needs to know (the tilesplat extension below the gsplat hooks):
+
+- ``CONFIG_DEFAULTS``: the values of the recipe's ``-1`` ("the strategy's") config keys;
+- ``CONFIG_KEYS`` and ``from_config(cfg, key_for_gradient)``: the strategy with the config's
+  thresholds;
+- ``config_errors(cfg)``: why a config cannot train with it;
+- ``wants_absgrad()``: whether the render must compute ``absgrad``;
+- ``POST_BACKWARD_ARGS``: which of the step's ``packed`` and ``lr`` its
+  ``step_post_backward`` takes (``post_backward`` passes them);
+- ``share(rank, world_size)``: the strategy for one of ``world_size`` shards of the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -58,3 +71,50 @@ class Strategy:
 
     def step_post_backward(self, *args, **kwargs) -> None:
         """Called after ``loss.backward()``."""
+
+    # --- what tilesplat's trainer asks (not part of gsplat's interface) -------------------
+
+    # The values of the trainer's config keys left at -1 ("the strategy's"): the recipe's
+    # initial opacity and size and its regularisers (TrainConfig.resolved); here 3DGS's
+    # (Kerbl et al. 2023), which DefaultStrategy keeps.
+    # the keyword arguments of step_post_backward among the step's "packed" (how the meta was
+    # rendered) and "lr" (the means' learning rate), as gsplat's simple_trainer passes them
+    POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ()
+    CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
+        "init_opacity": 0.1,
+        "init_scale": 1.0,
+        "opacity_reg": 0.0,
+        "scale_reg": 0.0,
+    }
+
+    # this class's field -> the trainer's config key that sets it (from_config)
+    CONFIG_KEYS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> Strategy:
+        """The strategy with the thresholds of a ``tilesplat.train.TrainConfig``
+        (:attr:`CONFIG_KEYS`); ``key_for_gradient`` is the render meta key of the screen-space
+        means, for a strategy that reads their gradient."""
+        return cls(**{name: getattr(cfg, key) for name, key in cls.CONFIG_KEYS.items()})
+
+    @classmethod
+    def config_errors(cls, cfg: Any) -> list[str]:
+        """Why ``cfg`` (a ``TrainConfig``) cannot train with this strategy (empty: it can)."""
+        return []
+
+    def wants_absgrad(self) -> bool:
+        """Whether the render must put ``absgrad`` on the screen-space means."""
+        return False
+
+    def post_backward(self, *hook_args: Any, packed: bool, lr: float) -> None:
+        """``step_post_backward(params, optimizers, state, step, info)`` (``hook_args``) with
+        those of ``packed`` (how ``info`` was rendered) and ``lr`` (the means' learning rate of
+        the step) that :attr:`POST_BACKWARD_ARGS` names."""
+        given = {"packed": packed, "lr": lr}
+        self.step_post_backward(*hook_args, **{k: given[k] for k in self.POST_BACKWARD_ARGS})
+
+    def share(self, rank: int, world_size: int) -> Strategy:
+        """The strategy of rank ``rank``'s shard when ``world_size`` ranks each densify a
+        shard of the model (model-parallel training): itself, unless a limit of the whole
+        model must be split between the shards."""
+        return self

@@ -18,8 +18,9 @@ and gsplat's documentation say.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -47,6 +48,32 @@ class DefaultStrategy(Strategy):
     revised_opacity: bool = False
     verbose: bool = False
     key_for_gradient: Literal["means2d", "gradient_2dgs"] = "means2d"
+
+    POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("packed",)
+    # CONFIG_DEFAULTS: the base's, 3DGS's recipe (Kerbl et al. 2023)
+
+    CONFIG_KEYS: ClassVar[dict[str, str]] = {
+        "prune_opa": "prune_opacity",
+        "grow_grad2d": "grow_grad2d",
+        "grow_scale3d": "grow_scale3d",
+        "prune_scale3d": "prune_scale3d",
+        "refine_start_iter": "refine_start",
+        "refine_stop_iter": "refine_stop",
+        "reset_every": "reset_every",
+        "refine_every": "refine_every",
+        "pause_refine_after_reset": "pause_refine_after_reset",
+        "absgrad": "absgrad",
+    }
+
+    @classmethod
+    def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> DefaultStrategy:
+        """The base's, densifying on the gradient of ``key_for_gradient``."""
+        made = super().from_config(cfg)
+        return dataclasses.replace(made, key_for_gradient=key_for_gradient)
+
+    def wants_absgrad(self) -> bool:
+        """With ``absgrad`` it grows by the absolute screen-space gradient (AbsGS)."""
+        return self.absgrad
 
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
         """State: ``grad2d`` [N] summed gradient norms, ``count`` [N] views, ``scene_scale``,

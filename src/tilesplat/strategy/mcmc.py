@@ -9,9 +9,10 @@ opacity is low. The count never shrinks, so ``cap_max`` bounds the cost of a ste
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -32,6 +33,31 @@ class MCMCStrategy(Strategy):
     refine_every: int = 100
     min_opacity: float = 0.005
     verbose: bool = False
+
+    POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("lr",)
+    # 3DGS-MCMC's recipe (Kheradmand et al. 2024, as gsplat's MCMC config): what the
+    # trainer's -1 keys take with this strategy
+    CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
+        "init_opacity": 0.5,
+        "init_scale": 0.1,
+        "opacity_reg": 0.01,
+        "scale_reg": 0.01,
+    }
+
+    CONFIG_KEYS: ClassVar[dict[str, str]] = {
+        "cap_max": "cap_max",
+        "noise_lr": "noise_lr",
+        "refine_start_iter": "refine_start",
+        "refine_stop_iter": "refine_stop",
+        "refine_every": "refine_every",
+        "min_opacity": "prune_opacity",
+    }
+
+    def share(self, rank: int, world_size: int) -> MCMCStrategy:
+        """A copy whose ``cap_max`` is rank ``rank``'s part of the even split of the whole
+        model's cap between ``world_size`` shards (the first ranks take the remainder)."""
+        base, extra = divmod(self.cap_max, world_size)
+        return dataclasses.replace(self, cap_max=base + (1 if rank < extra else 0))
 
     def initialize_state(self, *, scene_scale: float = 1.0) -> dict[str, Any]:
         """State: ``binoms`` [51, 51] binomial coefficients C(n, k) (gsplat's layout, kept for

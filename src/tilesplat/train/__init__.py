@@ -2,8 +2,12 @@
 
 Entry points: :func:`train_run` (new run from a :class:`TrainConfig`), :func:`resume_run`,
 :func:`evaluate_run`, :func:`render_run`, and the :class:`Trainer` loop itself.
+
+The variants a config chooses (model kind, strategy, parallel mode) sit behind seams
+(``seams.py``); importing this package registers every model kind and parallel mode first.
 """
 
+from . import models, parallel  # noqa: F401  (register the variants behind the seams)
 from .config import TrainConfig, apply_overrides, config_to_toml, load_config
 from .run import evaluate_run, export_ply, load_run, render_run, resume_run, train_run
 from .trainer import Trainer

@@ -11,36 +11,51 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from ..constants import BACKENDS, BACKWARD_SCHEMES
+from . import seams
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-STRATEGIES = ("default", "mcmc")
-BACKENDS = ("auto", "torch", "cpu", "cuda")
-BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 INITS = ("auto", "points", "random")
-PARALLEL_MODES = ("none", "data", "model")
-MODELS = ("3dgs", "2dgs")
-# A field set to AUTO takes the value of its strategy (see TrainConfig.resolved); its
-# values per strategy (default, mcmc): 3DGS's for default, 3DGS-MCMC's (Kheradmand et al.
-# 2024, as gsplat's MCMC recipe) for mcmc.
+# The keys that choose a variant (model kind, strategy, parallel mode): their values are the
+# names registered behind the seam (seams.py), and each variant checks its own keys.
+# A field set to AUTO takes the value of its strategy (see TrainConfig.resolved): the
+# strategy class's CONFIG_DEFAULTS (3DGS's for default, 3DGS-MCMC's for mcmc).
 AUTO = -1.0
-STRATEGY_VALUES: dict[str, dict[str, float]] = {
-    "init_opacity": {"default": 0.1, "mcmc": 0.5},
-    "init_scale": {"default": 1.0, "mcmc": 0.1},
-    "opacity_reg": {"default": 0.0, "mcmc": 0.01},
-    "scale_reg": {"default": 0.0, "mcmc": 0.01},
-}
+DEVICES = ("auto", "cpu", "cuda")
+CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 
 
-def _f(default: Any, help: str, group: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "group": group, "choices": choices})
+def device_format_error(device: str) -> str | None:
+    """Why ``device`` is not a valid value of the key (None when it is)."""
+    if device in DEVICES or CUDA_INDEX.match(device):
+        return None
+    return f"device must be one of {list(DEVICES)} or 'cuda:N' (N >= 0), got {device!r}"
+
+
+def is_cuda_name(device: str) -> bool:
+    """Whether ``device`` names a GPU (``cuda`` or ``cuda:N``)."""
+    return device == "cuda" or bool(CUDA_INDEX.match(device))
+
+
+def _f(default: Any, help: str, group: str, choices: tuple[str, ...] | None = None,
+       seam: str | None = None) -> Any:
+    return field(default=default,
+                 metadata={"help": help, "group": group, "choices": choices, "seam": seam})
+
+
+def _choices(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The valid values of field ``f``: its own, or the names behind its seam."""
+    return seams.names(f.metadata["seam"]) if f.metadata["seam"] else f.metadata["choices"]
 
 
 @dataclass
@@ -87,7 +102,7 @@ class TrainConfig:
         "rendered with rasterization(distributed=True), densified locally and rebalanced); "
         "docs/distributed.md",
         "run",
-        choices=PARALLEL_MODES,
+        seam="parallel",
     )
     checkpoint_every: int = _f(1000, "write a checkpoint every n steps (0: only at the end)", "run")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (>= 1)", "run")
@@ -112,7 +127,7 @@ class TrainConfig:
         "3dgs (Gaussians) or 2dgs (surfels, Huang et al. 2024, as gsplat's simple_trainer_2dgs: "
         "flat third scale, rasterization_2dgs, normal and depth renders; docs/training.md)",
         "model",
-        MODELS,
+        seam="model",
     )
     sh_degree: int = _f(3, "highest spherical-harmonics degree of the colours (0-4)", "model")
     sh_degree_interval: int = _f(1000, "raise the SH degree in use every n steps", "model")
@@ -188,7 +203,7 @@ class TrainConfig:
         "default",
         "densification: default (3DGS clone/split/prune/reset) or mcmc (3DGS-MCMC relocation)",
         "strategy",
-        STRATEGIES,
+        seam="strategy",
     )
     refine_start: int = _f(500, "first step that densifies", "strategy")
     refine_stop: int = _f(1500, "no densification from this step on", "strategy")
@@ -255,10 +270,8 @@ class TrainConfig:
                 ok = True
             if not ok:
                 errors.append(f"{f.name} must be {want.__name__}, got {value!r}")
-            elif f.metadata["choices"] and value not in f.metadata["choices"]:
-                errors.append(
-                    f"{f.name} must be one of {list(f.metadata['choices'])}, got {value!r}"
-                )
+            elif _choices(f) and value not in _choices(f):
+                errors.append(f"{f.name} must be one of {list(_choices(f))}, got {value!r}")
             elif want is float and not math.isfinite(value) and f.name != "far_plane":
                 errors.append(f"{f.name} must be finite, got {value!r}")
         if errors:
@@ -339,8 +352,6 @@ class TrainConfig:
             0 <= self.viewer_port <= 65535,
             f"viewer_port must be in 0..65535, got {self.viewer_port}",
         )
-        from .device import device_format_error, is_cuda_name
-
         bad_device = device_format_error(self.device)
         if bad_device is not None:
             errors.append(bad_device)
@@ -348,19 +359,8 @@ class TrainConfig:
             need(self.backend != "cpu",
                  f"backend = 'cpu' runs on CPU tensors, got device = {self.device!r}: set "
                  "backend = 'cuda' (or 'auto') to train on the GPU, or device = 'cpu'")
-            need(self.parallel == "none",
-                 f"parallel = {self.parallel!r} trains on the CPU only (gloo collectives), got "
-                 f"device = {self.device!r}: set parallel = 'none' or device = 'cpu'")
-        if self.parallel == "model":
-            need(not (self.absgrad and self.strategy == "default"),
-                 "parallel = 'model' has no absgrad (rasterization(distributed=True) does not "
-                 "compute it): set absgrad = false")
-            need(self.viewer_port == 0,
-                 "viewer_port needs the whole model in one process: not with parallel = 'model'")
-        if self.model == "2dgs":
-            from .twodgs import unsupported_with_2dgs
-
-            errors += unsupported_with_2dgs(self)
+        for seam in seams.SEAMS:  # each chosen variant checks its own keys
+            errors += seams.variant(seam, getattr(self, seam)).config_errors(self)
         if errors:
             raise ValueError("invalid config: " + "; ".join(errors))
         return self
@@ -371,11 +371,9 @@ class TrainConfig:
         The trainer runs the resolved config and saves the config as given, so that a
         resumed run with another strategy or length resolves again.
         """
-        values = {
-            name: per[self.strategy] if self.strategy in per else per["default"]
-            for name, per in STRATEGY_VALUES.items()
-            if getattr(self, name) == AUTO
-        }
+        chosen = self.strategy if self.strategy in seams.names("strategy") else "default"
+        recipe = seams.variant("strategy", chosen).CONFIG_DEFAULTS
+        values = {name: value for name, value in recipe.items() if getattr(self, name) == AUTO}
         return dataclasses.replace(self, **values)
 
 

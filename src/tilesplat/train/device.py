@@ -19,36 +19,22 @@ collectives go through gloo on CPU tensors, and one GPU per rank (NCCL) is not b
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..backends.registry import cuda_simulator
 from ..data.frames import Frame
+from .config import CUDA_INDEX, is_cuda_name
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-DEVICES = ("auto", "cpu", "cuda")
 # The training images are kept on the GPU when they take at most this share of its memory
 # (the built-in scene: 48 MB; 300 views of 1.2 MP: 4.3 GB, an eighth of a 40 GB GPU);
 # otherwise each batch's images are copied there.
 IMAGE_CACHE_SHARE = 1 / 8
-_CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
-
-
-def device_format_error(device: str) -> str | None:
-    """Why ``device`` is not a valid value of the key (None when it is)."""
-    if device in DEVICES or _CUDA_INDEX.match(device):
-        return None
-    return f"device must be one of {list(DEVICES)} or 'cuda:N' (N >= 0), got {device!r}"
-
-
-def is_cuda_name(device: str) -> bool:
-    """Whether ``device`` names a GPU (``cuda`` or ``cuda:N``)."""
-    return device == "cuda" or bool(_CUDA_INDEX.match(device))
 
 
 def training_device(cfg: TrainConfig) -> torch.device:
@@ -96,7 +82,7 @@ def _check_gpu(cfg: TrainConfig, name: str, simulated: bool) -> None:
             "(torch.cuda.is_available() is False): set device = 'cpu' and backend = 'auto' "
             "or 'cpu'"
         )
-    index = _CUDA_INDEX.match(name)
+    index = CUDA_INDEX.match(name)
     count = torch.cuda.device_count()
     if index is not None and int(index.group(1)) >= count:
         raise ValueError(
@@ -121,3 +107,16 @@ def device_frames(frames: Sequence[Frame], device: torch.device) -> list[Frame]:
         )
         for f in frames
     ]
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
+    copied with the same structure, anything else is returned as it is. A tensor already on
+    ``device`` is returned itself (no copy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj

@@ -16,8 +16,23 @@ from ..io.images import write_png
 from .config import TrainConfig
 from .device import training_device
 from .metrics import psnr, ssim_metric
-from .splats import render_splats
-from .twodgs import SurfelRender, render_surfels, write_surfel_renders
+from .models import Cameras, Render, model_kind
+
+
+def render_view(
+    params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
+) -> Render:
+    """The model seen from ``frame``'s camera at the full SH degree, as the model kind renders
+    it for evaluation (C = 1), on the parameters' device."""
+    device = params["means"].device
+    cams = Cameras(
+        viewmats=frame.viewmat[None].float().to(device),
+        Ks=frame.K[None].float().to(device),
+        width=frame.width,
+        height=frame.height,
+        backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
+    )
+    return model_kind(cfg).render(params, cams, cfg, sh_degree=cfg.sh_degree)
 
 
 def render_frame(
@@ -25,40 +40,7 @@ def render_frame(
 ) -> Tensor:
     """The model seen from ``frame``'s camera at the full SH degree: [H, W, 3] in [0, 1], on
     the parameters' device."""
-    device = params["means"].device
-    bg = torch.tensor([list(background)], dtype=torch.float32, device=device)
-    if cfg.model == "2dgs":
-        return render_surfel_frame(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
-    colors, _, _ = render_splats(
-        params,
-        frame.viewmat[None].float().to(device),
-        frame.K[None].float().to(device),
-        frame.width,
-        frame.height,
-        cfg,
-        sh_degree=cfg.sh_degree,
-        backgrounds=bg,
-    )
-    return colors[0].clamp(0.0, 1.0)
-
-
-def render_surfel_frame(
-    params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
-) -> SurfelRender:
-    """A 2DGS model seen from ``frame``'s camera, with normals and expected depth (C = 1), on
-    the parameters' device."""
-    device = params["means"].device
-    return render_surfels(
-        params,
-        frame.viewmat[None].float().to(device),
-        frame.K[None].float().to(device),
-        frame.width,
-        frame.height,
-        cfg,
-        sh_degree=cfg.sh_degree,
-        backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
-        expected_depth=True,
-    )
+    return render_view(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
 
 
 def _file_name(frame: Frame, index: int, used: set[str]) -> str:
@@ -89,9 +71,9 @@ def evaluate(
         params: model parameters (see ``splats.py``).
         frames: the views to evaluate.
         background: RGB the images were composited on.
-        out_dir: folder for ``<frame name>.png`` renders (created); None writes nothing. A
-            2DGS model (``cfg.model``) also writes ``normal/``, ``normal_from_depth/`` and
-            ``depth/`` PNGs of the same names there.
+        out_dir: folder for ``<frame name>.png`` renders (created); None writes nothing. The
+            model kind may write its own pictures of the same names there (2DGS:
+            ``normal/``, ``normal_from_depth/`` and ``depth/``).
         lpips_fn: an LPIPS scorer from ``metrics.make_lpips``, or None.
 
     Returns:
@@ -105,17 +87,14 @@ def evaluate(
     folder = Path(out_dir) if out_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+    model = model_kind(cfg)
     used: set[str] = set()
     views = []
     render_time = 0.0
     for i, frame in enumerate(frames):
         t0 = time.perf_counter()
-        surfels = None
-        if cfg.model == "2dgs":  # also normals and depth, written beside the colours
-            surfels = render_surfel_frame(params, frame, cfg, background)
-            image = surfels.colors[0].clamp(0.0, 1.0)
-        else:
-            image = render_frame(params, frame, cfg, background)
+        rendered = render_view(params, frame, cfg, background)
+        image = rendered.colors[0].clamp(0.0, 1.0)
         render_time += time.perf_counter() - t0
         target = frame.image.to(device).float()
         view: dict[str, Any] = {
@@ -128,8 +107,7 @@ def evaluate(
         if folder is not None:
             name = _file_name(frame, i, used)
             write_png(folder / name, image)
-            if surfels is not None:
-                write_surfel_renders(folder, name, surfels)
+            model.write_renders(folder, name, rendered)  # the kind's own pictures beside it
         views.append(view)
     out: dict[str, Any] = {
         key: sum(v[key] for v in views) / len(views)

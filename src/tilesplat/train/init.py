@@ -9,11 +9,16 @@ Parameters are stored as the optimiser sees them (gsplat's simple trainer layout
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-SH_C0 = 0.28209479177387814  # Y_0^0: colour = SH_C0 * sh0 + 0.5
+from ..constants import SH_C0
+
+if TYPE_CHECKING:
+    from ..data.dataset import SceneDataset
+    from .config import TrainConfig
 
 
 def rgb_to_sh0(rgb: Tensor) -> Tensor:
@@ -112,3 +117,34 @@ def random_points(n: int, center: Tensor, half_size: float) -> tuple[Tensor, Ten
     """
     points = center.float()[None] + half_size * (torch.rand(n, 3) * 2.0 - 1.0)
     return points, torch.rand(n, 3)
+
+
+def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tensor]:
+    """Initial 3DGS parameters from the dataset's points, or random in the box the cameras
+    see (``init``, ``init_points``, ``init_extent``; the model kind adapts them).
+
+    Draws from the global torch RNG (seeded by the trainer).
+    """
+    has_points = dataset.points is not None and len(dataset.points) > 0
+    if cfg.init == "points" and not has_points:
+        raise ValueError("init = 'points' but the dataset has no point cloud; use init = 'random'")
+    if cfg.init == "points" or (cfg.init == "auto" and has_points):
+        pts = dataset.points.float()
+        rgb = dataset.points_rgb if dataset.points_rgb is not None else torch.full_like(pts, 0.5)
+    else:
+        frames = dataset.train
+        half = cfg.init_extent * visible_half_width(
+            torch.stack([f.viewmat for f in frames]).float(),
+            torch.stack([f.K for f in frames]).float(),
+            torch.tensor([f.width for f in frames]),
+            dataset.scene_center.float(),
+        )
+        pts, rgb = random_points(cfg.init_points, dataset.scene_center, half)
+    return init_params(
+        pts,
+        rgb,
+        cfg.sh_degree,
+        cfg.init_opacity,
+        cfg.init_scale,
+        fallback_scale=0.01 * dataset.scene_radius,
+    )

@@ -29,11 +29,25 @@ from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints,
 from .config import TrainConfig, apply_overrides, save_config
 from .evaluate import evaluate
 from .metrics import make_lpips
-from .parallel import DataParallel
+from .models import model_kind
+from .parallel import parallel_mode
 from .plots import save_curve
 from .trainer import Trainer, checkpoint_config
 
 Log = Callable[[str], None]
+
+
+def summary(run_dir: object, metrics: dict) -> str:
+    """The closing line of a run: test PSNR first, since it is what the README promises."""
+    parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
+    if "lpips" in metrics:
+        parts.append(f"LPIPS {metrics['lpips']:.4f}")
+    secs = metrics.get("train_seconds") or 0.0
+    parts.append(
+        f"{metrics['n_views']} views, {metrics['n_gaussians']} Gaussians, "
+        f"{metrics['step']} steps in {secs:.0f} s"
+    )
+    return "  ".join(parts) + f"\nrun folder: {run_dir}"
 
 
 def cache_root(cfg: TrainConfig) -> Path:
@@ -127,15 +141,14 @@ def write_outputs(
     if history is not None:
         save_curve(history, run_dir / "curve.png")
     if cfg.save_ply:
-        export_ply(params, run_dir / "point_cloud.ply", surfels=cfg.model == "2dgs")
+        export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply")
     return metrics
 
 
-def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = False) -> Path:
-    """Write the model as a 3DGS PLY file; ``surfels`` (a 2DGS model): its third scale flat
-    (``twodgs.flatten_scales``), so that 3DGS readers draw thin discs."""
+def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
+    """Write the parameters as a 3DGS PLY file (a model kind's ``export`` gives them as the
+    file holds them)."""
     from ..io.ply import save_ply
-    from .twodgs import flatten_scales
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +158,7 @@ def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = Fals
             path,
             cpu["means"],
             cpu["quats"],
-            flatten_scales(cpu["scales"]) if surfels else cpu["scales"],
+            cpu["scales"],
             cpu["opacities"],
             torch.cat([cpu["sh0"], cpu["shN"]], dim=1),
         )
@@ -155,19 +168,15 @@ def export_ply(params: dict[str, Tensor], path: str | Path, surfels: bool = Fals
 def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]:
     """Train a new run from ``cfg``; returns (run folder, metrics)."""
     cfg.validate()
-    par = DataParallel.current() if cfg.parallel != "none" else None
-    if par is None:
-        run_dir = new_run_dir(cfg)
+    par = parallel_mode(cfg)
+    # rank 0 names the folder and writes the built-in scene's cache first
+    run_dir = Path(par.from_rank0(str(new_run_dir(cfg)) if par.rank == 0 else None))
+    if par.rank == 0:
         dataset = load_scene(cfg, log)
-    else:  # rank 0 names the folder and writes the built-in scene's cache first
-        run_dir = Path(par.from_rank0(str(new_run_dir(cfg)) if par.rank == 0 else None))
-        if par.rank == 0:
-            dataset = load_scene(cfg, log)
-        par.barrier()
-        if par.rank != 0:
-            dataset = load_scene(cfg, log)
-    writes = par is None or par.rank == 0
-    if writes:
+    par.barrier()
+    if par.rank != 0:
+        dataset = load_scene(cfg, log)
+    if par.writes:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.toml")
     log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
@@ -212,8 +221,7 @@ def resume_run(
         overrides.append("parallel=data")
     if overrides:
         cfg = apply_overrides(cfg, overrides)
-        par = DataParallel.current() if cfg.parallel != "none" else None
-        if par is None or par.rank == 0:
+        if parallel_mode(cfg).writes:
             save_config(cfg, run_dir / "config.toml")
     dataset = load_scene(cfg, log)
     trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)

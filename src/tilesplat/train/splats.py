@@ -1,21 +1,22 @@
-"""The trained model: its parameters, their optimisers, and how it is rendered.
+"""The trained model: its parameters, their optimisers, and what the rasterizer takes of them.
 
 ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4],
 ``opacities`` [N] (logits), ``sh0`` [N, 1, 3] and ``shN`` [N, K - 1, 3] to
 ``torch.nn.Parameter``; each has its own Adam (one param group), as in gsplat's simple
-trainer, so that densification can edit one array and its moments together.
+trainer, so that densification can edit one array and its moments together. Every model
+kind (``models/``) stores these parameters; how they render is the kind's.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ..rendering import rasterization
-from .config import TrainConfig
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 Params = dict[str, torch.nn.Parameter]
@@ -118,42 +119,3 @@ def activated(params: Params | dict[str, Tensor]) -> dict[str, Tensor]:
         "opacities": torch.sigmoid(params["opacities"]),
         "colors": torch.cat([params["sh0"], params["shN"]], dim=1),
     }
-
-
-def render_splats(
-    params: Params | dict[str, Tensor],
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    cfg: TrainConfig,
-    sh_degree: int,
-    backgrounds: Tensor | None = None,  # [C, 3]
-    absgrad: bool = False,
-    distributed: bool = False,
-) -> tuple[Tensor, Tensor, dict[str, Any]]:
-    """Render the model from C cameras (with ``distributed``: this rank's shard of the
-    Gaussians from this rank's cameras, every rank's shards composited, as
-    ``rasterization(distributed=True)``).
-
-    Returns:
-        colors [C, H, W, 3] (not clamped above 1), alphas [C, H, W, 1], and the rasterizer's
-        meta dict (``means2d``, ``radii``, ``gaussian_ids``, ``width``, ``height``, ...).
-    """
-    return rasterization(
-        **activated(params),
-        viewmats=viewmats,
-        Ks=Ks,
-        width=width,
-        height=height,
-        near_plane=cfg.near_plane,
-        far_plane=cfg.far_plane,
-        sh_degree=sh_degree,
-        packed=cfg.packed,
-        absgrad=absgrad,
-        rasterize_mode="antialiased" if cfg.antialiased else "classic",
-        backgrounds=backgrounds,
-        backend=cfg.backend,
-        backward_scheme=cfg.backward_scheme,
-        distributed=distributed,
-    )

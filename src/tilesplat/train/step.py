@@ -21,15 +21,8 @@ from torch import Tensor
 from ..data.dataset import Frame
 from .config import TrainConfig
 from .losses import photometric_loss
-from .splats import (
-    Optimizers,
-    Params,
-    make_optimizers,
-    make_params,
-    render_splats,
-    set_learning_rates,
-)
-from .twodgs import distortion_active, render_surfels, surfel_regularisation
+from .models import Cameras, ModelKind, model_kind
+from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
 
 # Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
 InfoHook = Callable[[dict[str, Any]], None]
@@ -51,31 +44,27 @@ STEP_STAGES = ("render", "loss", "backward", "adam")
 
 
 @dataclass
-class Batch:
+class Batch(Cameras):
     """The cameras and images of one step, on one device.
 
     Attributes:
         viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
-        target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
         backgrounds: [C, 3] the colour each render is composited on.
+        target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
     """
 
-    viewmats: Tensor
-    Ks: Tensor
-    target: Tensor
     backgrounds: Tensor
-    width: int
-    height: int
+    target: Tensor
 
     def to(self, device: torch.device | str) -> Batch:
         """This batch on ``device``."""
         return Batch(
-            self.viewmats.to(device),
-            self.Ks.to(device),
-            self.target.to(device),
-            self.backgrounds.to(device),
-            self.width,
-            self.height,
+            viewmats=self.viewmats.to(device),
+            Ks=self.Ks.to(device),
+            width=self.width,
+            height=self.height,
+            backgrounds=self.backgrounds.to(device),
+            target=self.target.to(device),
         )
 
 
@@ -107,7 +96,8 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
             target = recomposite(target, alpha, background, bg)
     else:
         bg = background.expand(n_cams, 3)
-    return Batch(viewmats, Ks, target, bg.contiguous(), frames[0].width, frames[0].height)
+    return Batch(viewmats=viewmats, Ks=Ks, width=frames[0].width, height=frames[0].height,
+                 backgrounds=bg.contiguous(), target=target)
 
 
 class CameraOrder:
@@ -191,6 +181,7 @@ def optimization_step(
     step: int,
     scene_scale: float,
     *,
+    model: ModelKind | None = None,
     absgrad: bool = False,
     before_backward: InfoHook | None = None,
     after_backward: InfoHook | None = None,
@@ -200,6 +191,7 @@ def optimization_step(
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
+    ``model`` is the model kind that renders and regularises (default: the config's).
     ``before_backward`` runs after rendering (the strategy's ``step_pre_backward``, or a hook
     that retains intermediate gradients); ``after_backward`` runs when the gradients are in
     ``params[name].grad``, before Adam consumes them. ``clock`` times the stages
@@ -208,33 +200,16 @@ def optimization_step(
     loss (:func:`training_loss`).
     """
     clock = clock if clock is not None else _NoClock()
-    surfels = None
+    model = model if model is not None else model_kind(cfg)
     with clock.stage("render"):
-        if cfg.model == "2dgs":
-            surfels = render_surfels(
-                params, batch.viewmats, batch.Ks, batch.width, batch.height, cfg,
-                sh_degree_at(cfg, step), backgrounds=batch.backgrounds, absgrad=absgrad,
-                distloss=distortion_active(cfg, step),
-            )  # fmt: skip
-            colors, info = surfels.colors, surfels.info
-        else:
-            colors, _, info = render_splats(
-                params,
-                batch.viewmats,
-                batch.Ks,
-                batch.width,
-                batch.height,
-                cfg,
-                sh_degree_at(cfg, step),
-                backgrounds=batch.backgrounds,
-                absgrad=absgrad,
-                distributed=distributed,
-            )
+        out = model.render(params, batch, cfg, sh_degree_at(cfg, step), step=step,
+                           absgrad=absgrad, distributed=distributed)
+        colors, info = out.colors, out.info
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
         loss = training_loss(params, colors, batch.target, cfg, loss_share)
-        extra = None if surfels is None else surfel_regularisation(surfels, cfg, step)
+        extra = model.regularisation(out, cfg, step)
         if extra is not None:
             loss = loss + extra
     with clock.stage("backward"):

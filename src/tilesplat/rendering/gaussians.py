@@ -1,7 +1,8 @@
-"""``rasterization()``: the one high-level call, gsplat 1.5.3 compatible.
+"""``rasterization()``: the one high-level call for 3D Gaussians, gsplat 1.5.3 compatible.
 
 Projection → (SH colours) → tile intersection → rasterization, returning images, alphas and
-the intermediate results in ``meta``.
+the intermediate results in ``meta``; the steps it shares with ``rasterization_2dgs`` are in
+``_pipeline.py``, the model-parallel exchange (``distributed=True``) in ``sharding.py``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,11 @@ import math
 import torch
 from torch import Tensor
 
-from . import sharding
-from .backends.registry import current_backward_scheme
-from .constants import RASTERIZE_MODES, RENDER_MODES
-from .ops import (
-    fully_fused_projection,
-    isect_offset_encode,
-    isect_tiles,
-    rasterize_to_pixels,
-    spherical_harmonics,
-)
-from .ops.camera import RollingShutterType
-from .ops.validation import (
+from ..backends.registry import current_backward_scheme
+from ..constants import RASTERIZE_MODES, RENDER_MODES
+from ..ops import fully_fused_projection, rasterize_to_pixels
+from ..ops.camera import RollingShutterType
+from ..ops.validation import (
     Shapes,
     check_bool,
     check_choice,
@@ -30,6 +24,8 @@ from .ops.validation import (
     check_positive_int,
     check_tensor,
 )
+from . import sharding
+from ._pipeline import PackedIds, add_depth_channel, colors_per_pair, expected_depth, tile_lists
 
 _UNSUPPORTED = {
     "with_ut": False,
@@ -208,28 +204,9 @@ def rasterization(
         "opacities": opac,
     }
 
-    if sh_degree is None:
-        if packed:
-            D = s["D"]
-            colors = (colors.reshape(B, C, N, D)[batch_ids, camera_ids, gaussian_ids] if per_view
-                      else colors.reshape(B, N, D)[batch_ids, gaussian_ids])
-        elif not per_view:
-            colors = torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, s["D"]))
-    else:
-        campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
-        K = s["K"]
-        if packed:
-            dirs = (means.reshape(B, N, 3)[batch_ids, gaussian_ids]
-                    - campos.reshape(B, C, 3)[batch_ids, camera_ids])
-            shs = (colors.reshape(B, C, N, K, 3)[batch_ids, camera_ids, gaussian_ids] if per_view
-                   else colors.reshape(B, N, K, 3)[batch_ids, gaussian_ids])
-        else:
-            dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
-            # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied
-            shs = colors if per_view else colors[..., None, :, :, :]
-        masks = (radii > 0).all(dim=-1)
-        colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
-        colors = torch.clamp_min(colors + 0.5, 0.0)
+    colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
+                             PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
+                             backend)
 
     if distributed:
         if packed:
@@ -245,31 +222,17 @@ def rasterization(
         C = n_cams[rank]
         meta.update({"n_cameras_per_rank": n_cams, "n_gaussians_per_rank": n_gauss})
 
-    if render_mode in ("RGB+D", "RGB+ED"):
-        colors = torch.cat([colors, depths[..., None]], dim=-1)
-        if backgrounds is not None:
-            backgrounds = torch.cat([backgrounds, torch.zeros_like(backgrounds[..., :1])], -1)
-    elif render_mode in ("D", "ED"):
-        colors = depths[..., None]
-        if backgrounds is not None:
-            backgrounds = torch.zeros_like(backgrounds[..., :1])
+    colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
 
     # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
     # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
     meta["colors"] = colors
 
-    tile_width = math.ceil(width / tile_size)
-    tile_height = math.ceil(height / tile_size)
-    tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
-        means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
-        n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
-    )
-    isect_offsets = isect_offset_encode(isect_ids, B * C, tile_width, tile_height,
-                                        backend=backend)
-    isect_offsets = isect_offsets.reshape(*batch_dims, C, tile_height, tile_width)
+    tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch_dims, B, C,
+                       packed, image_ids, gaussian_ids, backend)
+    isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
+    meta.update(tiles.meta())
     meta.update({
-        "tile_width": tile_width, "tile_height": tile_height, "tiles_per_gauss": tiles_per_gauss,
-        "isect_ids": isect_ids, "flatten_ids": flatten_ids, "isect_offsets": isect_offsets,
         "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
         "n_cameras": C, "backward_scheme": scheme,
     })
@@ -293,9 +256,4 @@ def rasterization(
     render_alphas = chunks_a[0]
     meta["last_ids"] = last_ids
 
-    if render_mode in ("ED", "RGB+ED"):
-        render_colors = torch.cat(
-            [render_colors[..., :-1], render_colors[..., -1:] / render_alphas.clamp(min=1e-10)],
-            dim=-1,
-        )
-    return render_colors, render_alphas, meta
+    return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta

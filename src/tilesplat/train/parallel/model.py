@@ -19,13 +19,18 @@ cameras and the projections travel to the rank that owns each camera (``sharding
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ..distributed import all_gather_int32, all_to_all_tensor_list
-from .parallel import DataParallel
+from ...distributed import all_gather_int32, all_to_all_tensor_list
+from .. import seams
+from .data import DataParallel
+
+if TYPE_CHECKING:
+    from ...strategy import Strategy
+    from ..config import TrainConfig
 
 # Grendel (arXiv 2406.18533) rebalances its Gaussians when the largest shard exceeds the
 # smallest by more than 10 %.
@@ -121,18 +126,100 @@ def replace_rows(
             state[key[len("state."):]] = value.contiguous()
 
 
+@seams.register("parallel", "model")
 class ModelParallel(DataParallel):
     """The model-parallel rank of the current process group (a shard of the Gaussians)."""
+
+    render_distributed = True
+    collective_checkpoint = True
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(rank, world_size)
+        self.shard_counts: list[int] = []  # every rank's Gaussian count, after the last step
+        self.rebalances: list[tuple[int, list[int], list[int]]] = []  # (step, before, after)
 
     @classmethod
     def current(cls) -> ModelParallel | None:  # type: ignore[override]
         base = DataParallel.current()
         return None if base is None else cls(base.rank, base.world_size)
 
-    def check_config(self, cfg: Any) -> None:
-        """Refuses a batch the ranks cannot share evenly (the config's own checks refuse
-        absgrad and the live viewer)."""
+    @classmethod
+    def config_errors(cls, cfg: TrainConfig) -> list[str]:
+        """The data mode's, and what needs the whole model in one process: absgrad
+        (``rasterization(distributed=True)`` does not compute it) and the live viewer."""
+        errors = super().config_errors(cfg)
+        strategy = seams.variant("strategy", cfg.strategy).from_config(cfg)
+        if strategy.wants_absgrad():
+            errors.append("parallel = 'model' has no absgrad (rasterization(distributed=True) "
+                          "does not compute it): set absgrad = false")
+        if cfg.viewer_port != 0:
+            errors.append("viewer_port needs the whole model in one process: not with "
+                          "parallel = 'model'")
+        return errors
+
+    def attach(self, cfg: TrainConfig, params: dict[str, Tensor], optimizers: dict,
+               state: dict[str, Any], strategy: Strategy) -> Strategy:
+        """Keep this rank's even share of the model (:meth:`take_shard`), densified by the
+        strategy's share (``Strategy.share``: MCMC splits its cap)."""
         self.check_batch(cfg.batch_size)
+        self.device = params["means"].device
+        strategy = strategy.share(self.rank, self.world_size)
+        self.take_shard(params, optimizers, state)
+        self.shard_counts = self.counts(len(params["means"]))
+        return strategy
+
+    def loss_share(self, n_gaussians: int) -> tuple[float, int] | None:
+        """1 / ranks of the batch's cameras, over the whole model's ``n_gaussians``."""
+        return 1.0 / self.world_size, n_gaussians
+
+    def reduce_gradients(self, params: dict[str, Tensor]) -> None:
+        """Nothing: each rank's gradients are its shard's (the exchange routed them)."""
+
+    def densify_info(self, info: dict, key: str, batch_size: int) -> dict:
+        """The shard's own meta: the pre-exchange ``key`` [C_all, N_shard, 2] carry 1 / C_all
+        of each camera's loss gradient (the shares add up to the batch's mean), undone over
+        all the batch's cameras."""
+        info["n_cameras"] = batch_size
+        return info
+
+    def after_step(self, params: dict[str, Tensor], optimizers: dict, state: dict[str, Any],
+                   step: int) -> None:
+        """Rebalance the shards when densification drifted them apart (recorded in
+        :attr:`rebalances`)."""
+        before = self.counts(len(params["means"]))
+        self.shard_counts, moved = self.rebalance(params, optimizers, state, counts=before)
+        if moved:
+            self.rebalances.append((step, before, list(self.shard_counts)))
+
+    def n_gaussians(self, n_local: int) -> int:
+        """The sum of the shards' counts after the last step."""
+        return sum(self.shard_counts)
+
+    def whole_model(self, params: dict[str, Tensor], optimizers: dict, state: dict[str, Any]
+                    ) -> tuple[dict, dict, dict] | None:
+        """The shards gathered on rank 0 (:meth:`gather_model`), with the optimisers' state
+        dicts carrying the gathered moments; None on the other ranks. Every rank must call
+        it."""
+        got = self.gather_model(params, optimizers, state)
+        if got is None:
+            return None
+        whole, moments, stats = got
+        optim = {}
+        for name, opt in optimizers.items():
+            sd = opt.state_dict()  # its per-parameter dicts are the live ones: copy them
+            sd["state"] = {i: {**st, **{key: moments[f"{name}.{key}"] for key in MOMENTS}}
+                           for i, st in sd["state"].items()}  # one parameter per optimiser
+            optim[name] = sd
+        merged = dict(state)
+        merged.update(stats)
+        return whole, optim, merged
+
+    def full_params(self, params: dict[str, Tensor], optimizers: dict,
+                    state: dict[str, Any]) -> dict[str, Tensor] | None:
+        """The gathered parameters on rank 0, None on the other ranks (every rank must call
+        it)."""
+        got = self.whole_model(params, optimizers, state)
+        return None if got is None else got[0]
 
     def counts(self, n_local: int) -> list[int]:
         """Every rank's Gaussian count (a small all-gather)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .distributed import all_gather_int32, all_gather_tensor_list, all_to_all_tensor_list
+from ..distributed import all_gather_int32, all_gather_tensor_list, all_to_all_tensor_list
 
 
 def world() -> tuple[int, int]:

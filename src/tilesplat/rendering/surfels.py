@@ -1,35 +1,24 @@
-"""Rasterization variants of gsplat 1.5.3 beside ``rasterization``: ``rasterization_2dgs``
-(surfels, through the 2DGS ops) and the Inria wrappers (importable under gsplat's names and
-signatures; they raise ``NotImplementedError`` when called)."""
+"""``rasterization_2dgs()``: surfels (2D Gaussians, Huang et al. 2024) through the 2DGS ops,
+gsplat 1.5.3 compatible; the steps it shares with ``rasterization`` are in ``_pipeline.py``."""
 
 from __future__ import annotations
 
 import math
-from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .constants import RENDER_MODES
-from .ops import isect_offset_encode, isect_tiles, spherical_harmonics
-from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
-from .ops.validation import (
+from ..constants import RENDER_MODES
+from ..ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
+from ..ops.validation import (
     Shapes,
     check_choice,
     check_int_at_least,
     check_positive_int,
     check_tensor,
 )
-
-INRIA = (
-    "gsplat's Inria wrappers call the 'diff_gaussian_rasterization' CUDA package of the "
-    "original 3DGS code; tilesplat does not wrap it (use tilesplat.rasterization)"
-)
-
-
-def _missing(name: str, why: str) -> NoReturn:
-    raise NotImplementedError(f"tilesplat.{name}(): {why}")
+from ._pipeline import PackedIds, add_depth_channel, colors_per_pair, expected_depth, tile_lists
 
 
 def depth_to_normal(
@@ -131,52 +120,19 @@ def rasterization_2dgs(
         batch_ids = camera_ids = gaussian_ids = image_ids = None
     densify = torch.zeros_like(means2d, requires_grad=True)
 
-    if sh_degree is None:
-        if packed:
-            D = colors.shape[-1]
-            colors = (colors.reshape(B, C, N, D)[batch_ids, camera_ids, gaussian_ids] if per_view
-                      else colors.reshape(B, N, D)[batch_ids, gaussian_ids])
-        elif not per_view:
-            colors = torch.broadcast_to(colors[..., None, :, :], (*batch, C, N, colors.shape[-1]))
-    else:
-        campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
-        K = s["K"]
-        if packed:
-            dirs = (means.reshape(B, N, 3)[batch_ids, gaussian_ids]
-                    - campos.reshape(B, C, 3)[batch_ids, camera_ids])
-            shs = (colors.reshape(B, C, N, K, 3)[batch_ids, camera_ids, gaussian_ids] if per_view
-                   else colors.reshape(B, N, K, 3)[batch_ids, gaussian_ids])
-        else:
-            dirs = means[..., None, :, :] - campos[..., None, :]
-            shs = colors if per_view else colors[..., None, :, :, :]
-        colors = spherical_harmonics(sh_degree, dirs, shs, masks=(radii > 0).all(dim=-1),
-                                     backend=backend)
-        colors = torch.clamp_min(colors + 0.5, 0.0)
-    if render_mode in ("RGB+D", "RGB+ED"):
-        colors = torch.cat([colors, depths[..., None]], dim=-1)
-        if backgrounds is not None:
-            backgrounds = torch.cat([backgrounds, torch.zeros_like(backgrounds[..., :1])], -1)
-    elif render_mode in ("D", "ED"):
-        colors = depths[..., None]
-        if backgrounds is not None:
-            backgrounds = torch.zeros_like(backgrounds[..., :1])
-
-    tile_width, tile_height = math.ceil(width / tile_size), math.ceil(height / tile_size)
-    tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
-        means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
-        n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend)
-    isect_offsets = isect_offset_encode(isect_ids, B * C, tile_width, tile_height,
-                                        backend=backend)
-    isect_offsets = isect_offsets.reshape(*batch, C, tile_height, tile_width)
+    colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
+                             PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
+                             backend)
+    colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
+    tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch, B, C, packed,
+                       image_ids, gaussian_ids, backend)
+    isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
     render_colors, render_alphas, render_normals, render_distort, render_median = (
         rasterize_to_pixels_2dgs(
             means2d, rays, colors, opac, normals, densify, width, height, tile_size,
             isect_offsets, flatten_ids, backgrounds=backgrounds, packed=packed,
             absgrad=absgrad, distloss=distloss, backend=backend))
-    if render_mode in ("ED", "RGB+ED"):
-        render_colors = torch.cat(
-            [render_colors[..., :-1], render_colors[..., -1:] / render_alphas.clamp(min=1e-10)],
-            dim=-1)
+    render_colors = expected_depth(render_mode, render_colors, render_alphas)
     camtoworlds = torch.linalg.inv(viewmats)
     normals_from_depth = None
     if render_mode in ("RGB+D", "RGB+ED"):
@@ -187,55 +143,9 @@ def rasterization_2dgs(
     meta = {
         "batch_ids": batch_ids, "camera_ids": camera_ids, "gaussian_ids": gaussian_ids,
         "radii": radii, "means2d": means2d, "depths": depths, "ray_transforms": rays,
-        "opacities": opac, "normals": normals, "tile_width": tile_width,
-        "tile_height": tile_height, "tiles_per_gauss": tiles_per_gauss,
-        "isect_ids": isect_ids, "flatten_ids": flatten_ids, "isect_offsets": isect_offsets,
-        "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
+        "opacities": opac, "normals": normals, **tiles.meta(), "width": width,
+        "height": height, "tile_size": tile_size, "n_batches": B,
         "n_cameras": C, "render_distort": render_distort, "gradient_2dgs": densify,
     }
     return (render_colors, render_alphas, render_normals, normals_from_depth, render_distort,
             render_median, meta)
-
-
-def rasterization_inria_wrapper(
-    means: Tensor,  # [N, 3]
-    quats: Tensor,  # [N, 4]
-    scales: Tensor,  # [N, 3]
-    opacities: Tensor,  # [N]
-    colors: Tensor,  # [N, D] or [N, K, 3]
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float = 0.01,
-    far_plane: float = 100.0,
-    eps2d: float = 0.3,
-    sh_degree: int | None = None,
-    backgrounds: Tensor | None = None,
-    **kwargs,
-) -> tuple[Tensor, Tensor, dict]:
-    """gsplat's wrapper of the Inria rasterizer. Not provided: raises NotImplementedError."""
-    _missing("rasterization_inria_wrapper", INRIA)
-
-
-def rasterization_2dgs_inria_wrapper(
-    means: Tensor,  # [N, 3]
-    quats: Tensor,  # [N, 4]
-    scales: Tensor,  # [N, 3]
-    opacities: Tensor,  # [N]
-    colors: Tensor,  # [N, D] or [N, K, 3]
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float = 0.01,
-    far_plane: float = 100.0,
-    eps2d: float = 0.3,
-    sh_degree: int | None = None,
-    backgrounds: Tensor | None = None,
-    depth_ratio: int = 0,
-    **kwargs,
-) -> tuple[tuple, dict]:
-    """gsplat's wrapper of the 2DGS Inria rasterizer. Not provided: raises
-    NotImplementedError."""
-    _missing("rasterization_2dgs_inria_wrapper", INRIA)

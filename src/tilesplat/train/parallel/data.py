@@ -17,21 +17,25 @@ Started by ``tilesplat train --nproc N`` (gloo on 127.0.0.1) or under ``torchrun
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..distributed import all_gather_tensor_list
+from ...distributed import all_gather_tensor_list
+from .. import seams
+from ..config import is_cuda_name
+from .base import Parallel
+
+if TYPE_CHECKING:
+    from ...strategy import Strategy
+    from ..config import TrainConfig
 
 
-class DataParallel:
+@seams.register("parallel", "data")
+class DataParallel(Parallel):
     """The data-parallel rank of the current process group."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        self.rank, self.world_size = rank, world_size
-        # where small collectives put their numbers (NCCL takes CUDA tensors only): the
-        # model's device, set by the trainer
-        self.device = torch.device("cpu")
 
     @classmethod
     def current(cls) -> DataParallel | None:
@@ -39,6 +43,23 @@ class DataParallel:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             return cls(dist.get_rank(), dist.get_world_size())
         return None
+
+    @classmethod
+    def config_errors(cls, cfg: TrainConfig) -> list[str]:
+        """The collectives run on CPU tensors (gloo): no GPU device."""
+        if is_cuda_name(cfg.device):
+            return [f"parallel = {cfg.parallel!r} trains on the CPU only (gloo collectives), "
+                    f"got device = {cfg.device!r}: set parallel = 'none' or device = 'cpu'"]
+        return []
+
+    def attach(self, cfg: TrainConfig, params: dict[str, Tensor], optimizers: dict,
+               state: dict[str, Any], strategy: Strategy) -> Strategy:
+        """Every rank holds the whole model: refuses a batch the ranks cannot share and a
+        packed render (the densification exchange gathers unpacked metadata)."""
+        self.check_batch(cfg.batch_size)
+        if cfg.packed:
+            raise ValueError("parallel = 'data' renders unpacked: set packed = false")
+        return super().attach(cfg, params, optimizers, state, strategy)
 
     def barrier(self) -> None:
         dist.barrier()
@@ -61,6 +82,19 @@ class DataParallel:
                 f"batch_size={batch_size} must be a multiple of the {self.world_size} ranks "
                 "(every rank renders batch_size / ranks cameras of each step)"
             )
+
+    def my_cameras(self, indices: list[int]) -> list[int]:
+        """This rank's share of the step's batch (:meth:`my_slice`)."""
+        return self.my_slice(indices)
+
+    def densify_info(self, info: dict, key: str, batch_size: int) -> dict:
+        """Every rank's cameras (:meth:`gather_info`): the ranks densify identically."""
+        return self.gather_info(info, key)
+
+    def after_step(self, params: dict[str, Tensor], optimizers: dict, state: dict[str, Any],
+                   step: int) -> None:
+        """Raises when the ranks' parameters diverged (:meth:`check_in_sync`)."""
+        self.check_in_sync(params, step)
 
     def my_slice(self, indices: list[int]) -> list[int]:
         """This rank's share of the step's batch (contiguous, equal for every rank)."""

@@ -1,0 +1,160 @@
+"""The steps ``rasterization`` (Gaussians) and ``rasterization_2dgs`` (surfels) share, between
+their projection and their rasterizer: the colours (plain or from SH), the depth channel of the
+render mode, the tile lists, and the expected-depth division.
+
+Shapes follow gsplat: leading batch dims ``...`` (B = their product), C cameras, N Gaussians;
+a packed projection gives ``nnz`` visible (camera, Gaussian) pairs with their ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..ops import isect_offset_encode, isect_tiles, spherical_harmonics
+
+
+@dataclass
+class PackedIds:
+    """The ids of a packed projection's pairs, [nnz] each (None when unpacked)."""
+
+    batch_ids: Tensor | None
+    camera_ids: Tensor | None
+    gaussian_ids: Tensor | None
+
+
+def colors_per_pair(
+    colors: Tensor,  # [..., (C,) N, D] or [..., (C,) N, K, 3]
+    sh_degree: int | None,
+    per_view: bool,
+    means: Tensor,  # [..., N, 3]
+    viewmats: Tensor,  # [..., C, 4, 4]
+    radii: Tensor,  # [..., C, N, 2] or [nnz, 2]
+    ids: PackedIds,
+    packed: bool,
+    B: int,
+    C: int,
+    N: int,
+    backend: str | None,
+) -> Tensor:
+    """The colour each (camera, Gaussian) pair composites: [..., C, N, D] ([nnz, D] packed).
+
+    Plain colours are gathered (or broadcast over the cameras); SH coefficients are evaluated
+    in the direction from each camera centre (masked to the visible pairs), + 0.5, clamped at
+    0, as gsplat.
+    """
+    batch_dims = means.shape[:-2]
+    b_ids, c_ids, g_ids = ids.batch_ids, ids.camera_ids, ids.gaussian_ids
+    if sh_degree is None:
+        D = colors.shape[-1]
+        if packed:
+            return (colors.reshape(B, C, N, D)[b_ids, c_ids, g_ids] if per_view
+                    else colors.reshape(B, N, D)[b_ids, g_ids])
+        if not per_view:
+            return torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, D))
+        return colors
+    campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
+    K = colors.shape[-2]
+    if packed:
+        dirs = means.reshape(B, N, 3)[b_ids, g_ids] - campos.reshape(B, C, 3)[b_ids, c_ids]
+        shs = (colors.reshape(B, C, N, K, 3)[b_ids, c_ids, g_ids] if per_view
+               else colors.reshape(B, N, K, 3)[b_ids, g_ids])
+    else:
+        dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
+        # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied
+        shs = colors if per_view else colors[..., None, :, :, :]
+    masks = (radii > 0).all(dim=-1)
+    colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
+    return torch.clamp_min(colors + 0.5, 0.0)
+
+
+def add_depth_channel(
+    render_mode: str,
+    colors: Tensor,  # [..., D]
+    depths: Tensor,  # [...]
+    backgrounds: Tensor | None,  # [..., C, D]
+) -> tuple[Tensor, Tensor | None]:
+    """(colours, backgrounds) of ``render_mode``: the camera depth appended as a channel
+    (``RGB+D``, ``RGB+ED``) or alone (``D``, ``ED``), its background 0; unchanged for ``RGB``."""
+    if render_mode in ("RGB+D", "RGB+ED"):
+        colors = torch.cat([colors, depths[..., None]], dim=-1)
+        if backgrounds is not None:
+            backgrounds = torch.cat([backgrounds, torch.zeros_like(backgrounds[..., :1])], -1)
+    elif render_mode in ("D", "ED"):
+        colors = depths[..., None]
+        if backgrounds is not None:
+            backgrounds = torch.zeros_like(backgrounds[..., :1])
+    return colors, backgrounds
+
+
+@dataclass
+class TileLists:
+    """The tile intersection of one render: grid size, the intersections sorted by (image,
+    tile, depth) and each tile's first one.
+
+    Attributes:
+        tiles_per_gauss: [..., C, N] or [nnz]; isect_ids, flatten_ids: [n_isects];
+        isect_offsets: [..., C, tile_height, tile_width].
+    """
+
+    tile_width: int
+    tile_height: int
+    tiles_per_gauss: Tensor
+    isect_ids: Tensor
+    flatten_ids: Tensor
+    isect_offsets: Tensor
+
+    def meta(self) -> dict:
+        """The entries gsplat's meta dict has for them."""
+        return {
+            "tile_width": self.tile_width, "tile_height": self.tile_height,
+            "tiles_per_gauss": self.tiles_per_gauss, "isect_ids": self.isect_ids,
+            "flatten_ids": self.flatten_ids, "isect_offsets": self.isect_offsets,
+        }  # fmt: skip
+
+
+def tile_lists(
+    means2d: Tensor,  # [..., C, N, 2] or [nnz, 2]
+    radii: Tensor,  # [..., C, N, 2] or [nnz, 2]
+    depths: Tensor,  # [..., C, N] or [nnz]
+    width: int,
+    height: int,
+    tile_size: int,
+    batch_dims: tuple[int, ...],
+    B: int,
+    C: int,
+    packed: bool,
+    image_ids: Tensor | None,  # [nnz] batch * C + camera, packed
+    gaussian_ids: Tensor | None,  # [nnz], packed
+    backend: str | None,
+) -> TileLists:
+    """``isect_tiles`` and ``isect_offset_encode`` over the B * C images of the render."""
+    tile_width = math.ceil(width / tile_size)
+    tile_height = math.ceil(height / tile_size)
+    tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
+        means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
+        n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
+    )
+    isect_offsets = isect_offset_encode(isect_ids, B * C, tile_width, tile_height,
+                                        backend=backend)
+    isect_offsets = isect_offsets.reshape(*batch_dims, C, tile_height, tile_width)
+    return TileLists(tile_width, tile_height, tiles_per_gauss, isect_ids, flatten_ids,
+                     isect_offsets)
+
+
+def expected_depth(
+    render_mode: str,
+    render_colors: Tensor,  # [..., H, W, X]
+    render_alphas: Tensor,  # [..., H, W, 1]
+) -> Tensor:
+    """``ED`` / ``RGB+ED``: the last channel (accumulated depth) divided by alpha; other modes
+    unchanged."""
+    if render_mode in ("ED", "RGB+ED"):
+        return torch.cat(
+            [render_colors[..., :-1], render_colors[..., -1:] / render_alphas.clamp(min=1e-10)],
+            dim=-1,
+        )
+    return render_colors

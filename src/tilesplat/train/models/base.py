@@ -1,0 +1,101 @@
+"""The model seam: what a kind of model (``model = "3dgs"``, ``"2dgs"``, ...) gives the trainer.
+
+Every kind stores gsplat's parameter layout (``train/splats.py``: ``means``, ``scales`` as logs,
+``quats``, ``opacities`` as logits, ``sh0``, ``shN``), so the optimisers, the strategies and the
+checkpoints are shared; a kind says how those parameters start, render, are regularised and are
+written as a 3DGS PLY. The trainer, its step and the evaluation call these methods and never
+ask which kind they hold. A new kind is one module here with a ``@register("model", NAME)``
+class and its import in ``models/__init__.py`` (docs/README.md, "where things go").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+
+
+@dataclass
+class Cameras:
+    """C cameras of one image size, and the colours their renders are composited on.
+
+    Attributes:
+        viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
+        backgrounds: [C, 3], or None for black.
+    """
+
+    viewmats: Tensor
+    Ks: Tensor
+    width: int
+    height: int
+    backgrounds: Tensor | None
+
+
+def render_args(cams: Cameras, cfg: TrainConfig, sh_degree: int) -> dict[str, Any]:
+    """The keyword arguments every kind's rasterizer takes alike from the cameras and the
+    config (``rasterization`` and ``rasterization_2dgs``)."""
+    return {
+        "viewmats": cams.viewmats, "Ks": cams.Ks, "width": cams.width, "height": cams.height,
+        "near_plane": cfg.near_plane, "far_plane": cfg.far_plane, "sh_degree": sh_degree,
+        "packed": cfg.packed, "backgrounds": cams.backgrounds, "backend": cfg.backend,
+    }  # fmt: skip
+
+
+@dataclass
+class Render:
+    """What one render of C cameras gives.
+
+    Attributes:
+        colors: [C, H, W, 3] (not clamped above 1).
+        alphas: [C, H, W, 1].
+        info: the rasterizer's meta (``means2d`` or ``gradient_2dgs``, ``radii``, ``width``, ...).
+    """
+
+    colors: Tensor
+    alphas: Tensor
+    info: dict[str, Any]
+
+
+class ModelKind:
+    """A kind of model behind the trainer's ``model`` key (the base: no extra loss terms, no
+    extra renders, parameters initialised and exported as they are)."""
+
+    # the key of the render meta whose gradient densification reads (DefaultStrategy's
+    # key_for_gradient)
+    gradient_key: ClassVar[str] = "means2d"
+
+    @classmethod
+    def config_errors(cls, cfg: TrainConfig) -> list[str]:
+        """Why ``cfg`` cannot train this kind: one message per key (empty when it can)."""
+        return []
+
+    def init(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The kind's initial parameters from 3DGS ones (``init.init_params``)."""
+        return params
+
+    def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
+               sh_degree: int, *, step: int | None = None, absgrad: bool = False,
+               distributed: bool = False) -> Render:
+        """Render the model from the C cameras ``cams`` at ``sh_degree``: for training
+        ``step`` (``absgrad`` on the screen-space means; ``distributed``: this rank's shard,
+        as ``rasterization(distributed=True)``), or with ``step = None`` for evaluation."""
+        raise NotImplementedError(f"{type(self).__name__}.render")
+
+    def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:
+        """The kind's loss terms at ``step`` on the render ``out`` (a scalar tensor), or None
+        when none is active."""
+        return None
+
+    def export(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The parameters as a 3DGS PLY holds them (tensors on the CPU, not copied when
+        unchanged)."""
+        return params
+
+    def write_renders(self, folder: Path, name: str, out: Render) -> None:
+        """Write the kind's own pictures of camera 0 of the evaluation render ``out`` beside
+        the colour render ``folder/name`` (none for the base)."""

@@ -1,0 +1,38 @@
+"""3D Gaussians (``model = "3dgs"``, Kerbl et al. 2023), as gsplat's simple trainer renders them
+with :func:`tilesplat.rasterization`: the base model kind, no extra loss terms or pictures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from ...rendering import rasterization
+from .. import seams
+from ..splats import activated
+from .base import Cameras, ModelKind, Render, render_args
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+
+
+@seams.register("model", "3dgs")
+class Gaussians(ModelKind):
+    """3D Gaussians: rendered by :func:`tilesplat.rasterization` (``distributed``: this
+    rank's shard from this rank's cameras, every rank's shards composited), densified on
+    ``means2d``."""
+
+    def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
+               sh_degree: int, *, step: int | None = None, absgrad: bool = False,
+               distributed: bool = False) -> Render:
+        """:func:`tilesplat.rasterization` of the activated parameters (the same for
+        training and evaluation); the colours are not clamped above 1."""
+        colors, alphas, info = rasterization(
+            **activated(params),
+            **render_args(cams, cfg, sh_degree),
+            absgrad=absgrad,
+            rasterize_mode="antialiased" if cfg.antialiased else "classic",
+            backward_scheme=cfg.backward_scheme,
+            distributed=distributed,
+        )
+        return Render(colors, alphas, info)
