@@ -33,8 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..constants import SH_C0
 from ..data.dataset import SceneDataset
-from ..data.scenes import SH_C0, Scene
+from ..data.scenes import Scene
 from ..train.config import TrainConfig
 from ..train.run import RunCheckpoint, load_scene, open_checkpoint
 from ..train.splats import PARAM_NAMES
