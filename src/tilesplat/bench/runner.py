@@ -1,4 +1,5 @@
-"""``run_bench``: every arm measured in one run, interleaved, after warm-up, with a parity gate.
+"""The bench's measurement (:func:`measure`, behind :func:`tilesplat.bench.run_bench`): every
+arm measured in one run, interleaved, after warm-up, with a parity gate.
 
 Order of a run: calibration (the machine's per-pair ceiling); warm-up passes of every arm
 (compiling kernels; the first one also gives the parity gate against the first arm and the
@@ -16,27 +17,18 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ..data.scenes import Scene, load_scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
-from .parity import (
-    ATOL,
-    RTOL,
-    Hook,
-    across_devices,
-    check_sh_degree,
-    compare_results,
-    is_run_spec,
-    policy,
-    summary,
-)
+from .parity import Hook, check_sh_degree, compare_results
 from .report import machine_info
-from .stages import STAGES, TrainStep, make_inputs, staged_pass, upstream_gradient
+from .stages import STAGES, Inputs, TrainStep, make_inputs, staged_pass, upstream_gradient
 from .timing import LaunchCounter, NullTimer, PeakMemory, StageTimer, summarize
+from .tolerance import ATOL, RTOL, across_devices, policy, summary
 
 SCHEMA = "tilesplat.bench/1"
 
@@ -85,8 +77,64 @@ def scene_info(scene: Scene, sh_degree: int, tile_size: int) -> dict[str, Any]:
     }
 
 
-def run_bench(
-    scene: Scene | str,
+class Workload(Protocol):
+    """What :func:`measure` times: a scene for the staged passes and each arm's training step,
+    with the defaults that go with them. :class:`SceneWorkload` is a bench scene with the
+    bench's :class:`~.stages.TrainStep`; :class:`.replay.RunWorkload` a training run with the
+    trainer's own step (:mod:`.dispatch` picks one by the scene's name)."""
+
+    counts: dict[str, int]  # defaults of iters, repeats and warmup
+
+    def settings(self, sh_degree: int, tile_size: int) -> tuple[int, int]:
+        """The SH degree and tile size to render with (a run has its own)."""
+        ...
+
+    def load(self, dtype: torch.dtype) -> Scene:
+        """The Gaussians and cameras of the staged passes, in ``dtype``."""
+        ...
+
+    def make_step(self, inp: Inputs, arm: Arm) -> Callable[[StageTimer], None]:
+        """One arm's training step; each call is one step, timed on the timer it is given."""
+        ...
+
+    def step_parts(self, arms: list[Arm]) -> tuple[str, ...]:
+        """The parts of the step timed inside ``step`` for these arms (none, or names)."""
+        ...
+
+    def scene_info(self) -> dict[str, Any]:
+        """What the report's ``scene`` holds beyond the scene's size (a run: ``run``)."""
+        ...
+
+
+class SceneWorkload:
+    """A scene of :func:`~tilesplat.data.scenes.load_scene` (``garden``,
+    ``synthetic:N:WxH``) or a :class:`Scene`, trained by the bench's ``TrainStep``:
+    rasterization forward + backward + Adam under the shared upstream gradient."""
+
+    counts = {"iters": 3, "repeats": 3, "warmup": 1}
+
+    def __init__(self, scene: Scene | str) -> None:
+        self.scene = scene
+
+    def settings(self, sh_degree: int, tile_size: int) -> tuple[int, int]:
+        return sh_degree, tile_size
+
+    def load(self, dtype: torch.dtype) -> Scene:
+        sc = self.scene
+        return load_scene(sc, dtype=dtype) if isinstance(sc, str) else sc
+
+    def make_step(self, inp: Inputs, arm: Arm) -> Callable[[StageTimer], None]:
+        return TrainStep(inp, arm)
+
+    def step_parts(self, arms: list[Arm]) -> tuple[str, ...]:
+        return ()
+
+    def scene_info(self) -> dict[str, Any]:
+        return {}
+
+
+def measure(
+    workload: Workload,
     arms: list[str | Arm] | str,
     iters: int | None = None,
     repeats: int | None = None,
@@ -100,29 +148,10 @@ def run_bench(
     threads: int | None = None,
     hook: Hook | None = None,
 ) -> dict[str, Any]:
-    """Measures every arm on one scene; returns a JSON-ready dict (schema ``SCHEMA``).
-
-    Args:
-        scene: a Scene, a name for ``load_scene`` (``garden``, ``synthetic:N:WxH``), or
-            ``run:RUN_DIR``: a training run's checkpoint, whose training step is the trainer's
-            own (:mod:`.replay`; ``sh_degree`` and ``tile_size`` are then the run's).
-        arms: specs ``backend[:scheme][@device]``; the first is the baseline of the ratios
-            and of the parity gate.
-        iters: timed iterations per repeat; repeats: repeats (the statistics are over the
-            repeats, each one the mean of its iterations); warmup: untimed passes first (>= 1).
-            None: 3, 3, 1 (run scenes: 50, 3, 10).
-        calibrate: measure the per-pair ceiling (:func:`.ceiling.calibrate`).
-        threads: Numba and torch threads for the run (None: as configured).
-        hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
-    """
-    replay = None
-    counts = {"iters": 3, "repeats": 3, "warmup": 1}
-    if is_run_spec(scene):
-        # the trainer and its image I/O, only for run scenes (.parity.is_run_spec)
-        from .replay import RUN_DEFAULTS, STEP_PARTS, ReplayStep, open_run
-
-        replay, counts = open_run(scene), RUN_DEFAULTS
-        sh_degree, tile_size = replay.sh_degree, 16  # what the trainer renders with
+    """Measures every arm on ``workload``; the result of :func:`tilesplat.bench.run_bench`
+    (its arguments: :func:`.dispatch.run_bench`)."""
+    sh_degree, tile_size = workload.settings(sh_degree, tile_size)
+    counts = workload.counts
     iters = counts["iters"] if iters is None else iters
     repeats = counts["repeats"] if repeats is None else repeats
     warmup = counts["warmup"] if warmup is None else warmup
@@ -132,20 +161,12 @@ def run_bench(
     if not isinstance(arms, str):
         arms = [a.spec if isinstance(a, Arm) else a for a in arms]
     arm_list = parse_arms(arms)
-    if replay is not None:
-        sc: Scene = replay.scene().to(dtype=dtype)
-    else:
-        sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
-    make_step, parts = TrainStep, ()
-    if replay is not None:
-        make_step = lambda inp, arm: ReplayStep(replay, arm)  # noqa: E731
-        if all(a.torch_device.type == "cpu" for a in arm_list):
-            parts = STEP_PARTS  # the trainer step's render, loss, backward, Adam
+    sc = workload.load(dtype)
+    parts = workload.step_parts(arm_list)
     with thread_count(threads):
         res = _run(sc, arm_list, iters, repeats, warmup, sh_degree, tile_size, seed,
-                   calibrate, calibration_seconds, hook, make_step, parts)
-    if replay is not None:
-        res["scene"]["run"] = replay.info()
+                   calibrate, calibration_seconds, hook, workload.make_step, parts)
+    res["scene"].update(workload.scene_info())
     res["config"].update(threads=threads, calibrate=calibrate,
                          calibration_seconds=calibration_seconds)
     return res
@@ -251,7 +272,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
 def parity_gate(base: Arm, base_res: dict[str, Any], arm: Arm,
                 res: dict[str, Any]) -> dict[str, Any]:
     """The gate of ``arm`` against the first arm: every tensor's failing elements within its
-    allowance (:mod:`.parity`). ``tensors`` holds the counts of every tensor, ``failed`` the
+    allowance (:mod:`.tolerance`). ``tensors`` holds the counts of every tensor, ``failed`` the
     names of the failing ones, ``summary`` one line."""
     across = across_devices(base, arm)
     rows = compare_results(base_res, res, cross_device=across)
