@@ -1,6 +1,7 @@
-"""Where a scene goes: the bench's three entry points, each sending a ``run:RUN_DIR`` scene to
-the replay of the run (:mod:`.replay`, the trainer's own step on its checkpoint) and any other
-scene to the staged passes (:mod:`.runner`, :mod:`.parity`).
+"""Where a scene goes: a ``run:RUN_DIR`` scene to the replay of the run (:mod:`.replay`, the
+trainer's own step on its checkpoint), any other scene to the staged passes (:mod:`.parity`;
+for the bench, :mod:`.workload`). Parity and self-noise are routed here; the bench asks
+:func:`open_workload` for what it times.
 
 This is the only place that asks which kind a scene is (:func:`.run_spec.is_run_spec`), and
 :mod:`.replay` is imported only for runs: other scenes never import the trainer and its image
@@ -14,16 +15,12 @@ from typing import Any
 
 import torch
 
-from ..data.scenes import Scene, load_scene
+from ..data.scenes import Scene
 from .arms import Arm, check_usable, parse_arm
 from .parity import Hook, check_sh_degree, parity_of_scene, self_noise_of_scene
 from .run_spec import is_run_spec
-from .runner import SceneWorkload, Workload, measure
 from .tolerance import ATOL, RTOL
-
-
-def _load(scene: Scene | str, dtype: torch.dtype) -> Scene:
-    return load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
+from .workload import SceneWorkload, Workload
 
 
 def _arm(spec: Arm | str) -> Arm:
@@ -32,45 +29,19 @@ def _arm(spec: Arm | str) -> Arm:
     return arm
 
 
-def run_bench(
-    scene: Scene | str,
-    arms: list[str | Arm] | str,
-    iters: int | None = None,
-    repeats: int | None = None,
-    warmup: int | None = None,
-    sh_degree: int = 3,
-    tile_size: int = 16,
-    seed: int = 0,
-    calibrate: bool = True,
-    calibration_seconds: float = 0.5,
-    dtype: torch.dtype = torch.float32,
-    threads: int | None = None,
-    hook: Hook | None = None,
-) -> dict[str, Any]:
-    """Measures every arm on one scene; returns a JSON-ready dict (schema ``SCHEMA``).
+def open_workload(scene: Scene | str) -> Workload:
+    """What :func:`.runner.run_bench` times on ``scene``: a run's replay for ``run:RUN_DIR``
+    (opened here: a missing run fails before anything else is checked), else the scene itself
+    (loaded later, by :meth:`~.workload.Workload.load`).
 
-    Args:
-        scene: a Scene, a name for ``load_scene`` (``garden``, ``synthetic:N:WxH``), or
-            ``run:RUN_DIR``: a training run's checkpoint, whose training step is the trainer's
-            own (:mod:`.replay`; ``sh_degree`` and ``tile_size`` are then the run's).
-        arms: specs ``backend[:scheme][@device]``; the first is the baseline of the ratios
-            and of the parity gate.
-        iters: timed iterations per repeat; repeats: repeats (the statistics are over the
-            repeats, each one the mean of its iterations); warmup: untimed passes first (>= 1).
-            None: 3, 3, 1 (run scenes: 50, 3, 10).
-        calibrate: measure the per-pair ceiling (:func:`.ceiling.calibrate`).
-        threads: Numba and torch threads for the run (None: as configured).
-        hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
+    Raises:
+        FileNotFoundError, ValueError: a run that cannot be opened (:func:`.replay.open_run`).
     """
-    workload: Workload
     if is_run_spec(scene):
         from .replay import RunWorkload, open_run
 
-        workload = RunWorkload(open_run(scene))
-    else:
-        workload = SceneWorkload(scene)
-    return measure(workload, arms, iters, repeats, warmup, sh_degree, tile_size, seed,
-                   calibrate, calibration_seconds, dtype, threads, hook)
+        return RunWorkload(open_run(scene))
+    return SceneWorkload(scene)
 
 
 def run_parity(
@@ -111,7 +82,7 @@ def run_parity(
         from .replay import open_run, run_parity_on_run
 
         return run_parity_on_run(open_run(scene), _arm(arm_a), _arm(arm_b), atol, rtol, hook)
-    sc = _load(scene, dtype)
+    sc = SceneWorkload(scene).load(dtype)
     check_sh_degree(sh_degree)
     a, b = _arm(arm_a), _arm(arm_b)
     return parity_of_scene(sc, a, b, sh_degree, tile_size, seed, atol, rtol, hook)
@@ -143,6 +114,6 @@ def run_self_noise(
         from .replay import open_run, run_self_noise_on_run
 
         return run_self_noise_on_run(open_run(scene), arm_list, k, hook)
-    sc = _load(scene, dtype)
+    sc = SceneWorkload(scene).load(dtype)
     check_sh_degree(sh_degree)
     return self_noise_of_scene(sc, arm_list, k, sh_degree, tile_size, seed, hook)

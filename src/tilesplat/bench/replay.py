@@ -201,7 +201,7 @@ class ReplayStep:
 
 
 class RunWorkload:
-    """A run as the bench measures it (:class:`.runner.Workload`): the staged passes on the
+    """A run as the bench measures it (:class:`.workload.Workload`): the staged passes on the
     checkpoint's Gaussians (:meth:`Replay.scene`) and the trainer's step per arm, with the
     run's SH degree, tile size 16 (what the trainer renders with) and :data:`RUN_DEFAULTS`."""
 

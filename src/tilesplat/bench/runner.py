@@ -1,5 +1,4 @@
-"""The bench's measurement (:func:`measure`, behind :func:`tilesplat.bench.run_bench`): every
-arm measured in one run, interleaved, after warm-up, with a parity gate.
+"""``run_bench``: every arm measured in one run, interleaved, after warm-up, with a parity gate.
 
 Order of a run: calibration (the machine's per-pair ceiling); warm-up passes of every arm
 (compiling kernels; the first one also gives the parity gate against the first arm and the
@@ -17,16 +16,17 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from ..data.scenes import Scene, load_scene
+from ..data.scenes import Scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
+from .dispatch import open_workload
 from .parity import Hook, check_sh_degree, compare_results
 from .report import machine_info
-from .stages import STAGES, Inputs, TrainStep, make_inputs, staged_pass, upstream_gradient
+from .stages import STAGES, make_inputs, staged_pass, upstream_gradient
 from .timing import LaunchCounter, NullTimer, PeakMemory, StageTimer, summarize
 from .tolerance import ATOL, RTOL, across_devices, policy, summary
 
@@ -77,64 +77,8 @@ def scene_info(scene: Scene, sh_degree: int, tile_size: int) -> dict[str, Any]:
     }
 
 
-class Workload(Protocol):
-    """What :func:`measure` times: a scene for the staged passes and each arm's training step,
-    with the defaults that go with them. :class:`SceneWorkload` is a bench scene with the
-    bench's :class:`~.stages.TrainStep`; :class:`.replay.RunWorkload` a training run with the
-    trainer's own step (:mod:`.dispatch` picks one by the scene's name)."""
-
-    counts: dict[str, int]  # defaults of iters, repeats and warmup
-
-    def settings(self, sh_degree: int, tile_size: int) -> tuple[int, int]:
-        """The SH degree and tile size to render with (a run has its own)."""
-        ...
-
-    def load(self, dtype: torch.dtype) -> Scene:
-        """The Gaussians and cameras of the staged passes, in ``dtype``."""
-        ...
-
-    def make_step(self, inp: Inputs, arm: Arm) -> Callable[[StageTimer], None]:
-        """One arm's training step; each call is one step, timed on the timer it is given."""
-        ...
-
-    def step_parts(self, arms: list[Arm]) -> tuple[str, ...]:
-        """The parts of the step timed inside ``step`` for these arms (none, or names)."""
-        ...
-
-    def scene_info(self) -> dict[str, Any]:
-        """What the report's ``scene`` holds beyond the scene's size (a run: ``run``)."""
-        ...
-
-
-class SceneWorkload:
-    """A scene of :func:`~tilesplat.data.scenes.load_scene` (``garden``,
-    ``synthetic:N:WxH``) or a :class:`Scene`, trained by the bench's ``TrainStep``:
-    rasterization forward + backward + Adam under the shared upstream gradient."""
-
-    counts = {"iters": 3, "repeats": 3, "warmup": 1}
-
-    def __init__(self, scene: Scene | str) -> None:
-        self.scene = scene
-
-    def settings(self, sh_degree: int, tile_size: int) -> tuple[int, int]:
-        return sh_degree, tile_size
-
-    def load(self, dtype: torch.dtype) -> Scene:
-        sc = self.scene
-        return load_scene(sc, dtype=dtype) if isinstance(sc, str) else sc
-
-    def make_step(self, inp: Inputs, arm: Arm) -> Callable[[StageTimer], None]:
-        return TrainStep(inp, arm)
-
-    def step_parts(self, arms: list[Arm]) -> tuple[str, ...]:
-        return ()
-
-    def scene_info(self) -> dict[str, Any]:
-        return {}
-
-
-def measure(
-    workload: Workload,
+def run_bench(
+    scene: Scene | str,
     arms: list[str | Arm] | str,
     iters: int | None = None,
     repeats: int | None = None,
@@ -148,8 +92,22 @@ def measure(
     threads: int | None = None,
     hook: Hook | None = None,
 ) -> dict[str, Any]:
-    """Measures every arm on ``workload``; the result of :func:`tilesplat.bench.run_bench`
-    (its arguments: :func:`.dispatch.run_bench`)."""
+    """Measures every arm on one scene; returns a JSON-ready dict (schema ``SCHEMA``).
+
+    Args:
+        scene: a Scene, a name for ``load_scene`` (``garden``, ``synthetic:N:WxH``), or
+            ``run:RUN_DIR``: a training run's checkpoint, whose training step is the trainer's
+            own (:mod:`.replay`; ``sh_degree`` and ``tile_size`` are then the run's).
+        arms: specs ``backend[:scheme][@device]``; the first is the baseline of the ratios
+            and of the parity gate.
+        iters: timed iterations per repeat; repeats: repeats (the statistics are over the
+            repeats, each one the mean of its iterations); warmup: untimed passes first (>= 1).
+            None: 3, 3, 1 (run scenes: 50, 3, 10).
+        calibrate: measure the per-pair ceiling (:func:`.ceiling.calibrate`).
+        threads: Numba and torch threads for the run (None: as configured).
+        hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
+    """
+    workload = open_workload(scene)  # a bench scene, or a run replayed by the trainer's step
     sh_degree, tile_size = workload.settings(sh_degree, tile_size)
     counts = workload.counts
     iters = counts["iters"] if iters is None else iters
