@@ -16,8 +16,8 @@ from tilesplat.bench import parity as parity_mod
 from tilesplat.bench import run_bench, run_parity, run_self_noise, write_json
 from tilesplat.bench.arms import parse_arm, parse_arms
 from tilesplat.bench.counts import count_pairs
-from tilesplat.bench.parity import compare
 from tilesplat.bench.stages import STAGES
+from tilesplat.bench.tolerance import compare
 from tilesplat.cli import main
 
 SCENE = "synthetic:30:24x16"
@@ -189,12 +189,8 @@ def test_parity_reports_the_count_of_failing_elements(capsys):
 
 
 def test_cross_device_allowance_is_per_tensor_and_not_for_exact_tensors():
-    from tilesplat.bench.parity import (
-        CROSS_DEVICE_FRACTION,
-        CROSS_DEVICE_MIN,
-        allowed_failures,
-        compare_results,
-    )
+    from tilesplat.bench.parity import compare_results
+    from tilesplat.bench.tolerance import CROSS_DEVICE_FRACTION, CROSS_DEVICE_MIN, allowed_failures
 
     big = 10 * math.ceil(CROSS_DEVICE_MIN / CROSS_DEVICE_FRACTION)
     assert allowed_failures("v_conics", 90, False) == 0
@@ -221,7 +217,7 @@ def test_cross_device_allowance_is_per_tensor_and_not_for_exact_tensors():
 
 
 def test_the_allowance_applies_across_devices_and_to_every_cuda_arm():
-    from tilesplat.bench.parity import across_devices
+    from tilesplat.bench.tolerance import across_devices
 
     def arms(a, b):
         return across_devices(parse_arm(a), parse_arm(b))

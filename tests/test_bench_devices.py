@@ -48,7 +48,7 @@ else:
 
     from tilesplat.backends import registry
     from tilesplat.bench import Arm, run_bench, run_parity
-    from tilesplat.bench import runner as runner_mod
+    from tilesplat.bench import workload as workload_mod
 
     SIM = torch.device("meta")  # the device simulated-CUDA tensors report
     SCENE = "synthetic:12:16x8"
@@ -185,7 +185,7 @@ else:
                 with timer.stage("step"):
                     pass
 
-        monkeypatch.setattr(runner_mod, "TrainStep", NoStep)
+        monkeypatch.setattr(workload_mod, "TrainStep", NoStep)
         res = run_bench(SCENE, ["torch", "cuda:per_splat"], iters=1, repeats=1, sh_degree=1,
                         tile_size=TILE, calibrate=False)
         assert STAGED <= set(simulated_cuda)

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from tilesplat.bench.gate import summarize_gate
+from tilesplat.bench.gate_runs import error_of, run_one
 from tilesplat.cli import main
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.gate import error_of, run_one, summarize_gate
 
 TINY = """\
 synthetic_size = 32

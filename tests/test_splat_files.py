@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tilesplat.cli import main
-from tilesplat.io.gaussians import SH_C0, load_gaussians, save_gaussians
+from tilesplat.constants import SH_C0
+from tilesplat.io.gaussians import load_gaussians, save_gaussians
 from tilesplat.io.ply import load_ply, save_ply
 from tilesplat.io.splat import load_splat, save_splat, splat_order
 from tilesplat.io.spz import (

@@ -21,11 +21,11 @@ from typing import Literal
 
 import torch
 
+from .constants import SH_C0
 from .io.atomic import atomic_write_bytes
 from .io.ply import save_ply
 from .io.splat import save_splat
 
-SH_C0 = 0.28209479177387814
 CHUNK = 256
 
 

@@ -14,7 +14,7 @@ import.
 
 from .arms import Arm, parse_arm, parse_arms
 from .ceiling import calibrate
-from .parity import run_parity, run_self_noise
+from .dispatch import run_parity, run_self_noise
 from .report import format_bench, format_parity, format_self_noise, machine_info, write_json
 from .runner import SCHEMA, run_bench
 

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..constants import SH_C0
 from ..data.dataset import SceneDataset
-from ..data.scenes import SH_C0, Scene
+from ..data.scenes import Scene
 from ..train.config import TrainConfig
 from ..train.run import RunCheckpoint, load_scene, open_checkpoint
 from ..train.splats import PARAM_NAMES
@@ -48,17 +49,10 @@ from ..train.step import (
     sh_degree_at,
 )
 from .arms import Arm
-from .parity import (
-    RUN_PREFIX,
-    across_devices,
-    allowed_failures,
-    compare,
-    is_run_spec,
-    policy,
-    summary,
-    verdict,
-)
+from .run_spec import run_target
+from .stages import Inputs
 from .timing import StageTimer
+from .tolerance import across_devices, allowed_failures, compare, policy, summary, verdict
 
 # warm-up passes, timed iterations per repeat and repeats of a run scene (issue 9)
 RUN_DEFAULTS = {"warmup": 10, "iters": 50, "repeats": 3}
@@ -171,10 +165,7 @@ def open_run(spec: str) -> Replay:
         ValueError: an empty path, a checkpoint that is not a valid training checkpoint, or
             a run of another model than 3DGS.
     """
-    target = spec[len(RUN_PREFIX):] if is_run_spec(spec) else spec
-    if not target:
-        raise ValueError("--scene run: needs a run folder or a checkpoint file (run:RUN_DIR)")
-    run = open_checkpoint(target)
+    run = open_checkpoint(run_target(spec))
     if run.cfg.model != "3dgs":  # the arms and captured gradients are the 3DGS rasterizer's
         raise ValueError(
             f"{run.run_dir}: --scene run: replays 3DGS runs; this run has "
@@ -207,6 +198,33 @@ class ReplayStep:
             optimization_step(self.params, self.optimizers, batch, self.cfg, step,
                               self.scene_scale, clock=parts)
         self.i += 1
+
+
+class RunWorkload:
+    """A run as the bench measures it (:class:`.workload.Workload`): the staged passes on the
+    checkpoint's Gaussians (:meth:`Replay.scene`) and the trainer's step per arm, with the
+    run's SH degree, tile size 16 (what the trainer renders with) and :data:`RUN_DEFAULTS`."""
+
+    counts = RUN_DEFAULTS
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+
+    def settings(self, sh_degree: int, tile_size: int) -> tuple[int, int]:
+        return self.replay.sh_degree, 16
+
+    def load(self, dtype: torch.dtype) -> Scene:
+        return self.replay.scene().to(dtype=dtype)
+
+    def make_step(self, inp: Inputs, arm: Arm) -> ReplayStep:
+        return ReplayStep(self.replay, arm)
+
+    def step_parts(self, arms: list[Arm]) -> tuple[str, ...]:
+        # the trainer step's render, loss, backward, Adam: timed apart on CPU arms only
+        return STEP_PARTS if all(a.torch_device.type == "cpu" for a in arms) else ()
+
+    def scene_info(self) -> dict[str, Any]:
+        return {"run": self.replay.info()}
 
 
 class _Parts:
@@ -267,7 +285,7 @@ def _cpu(grad: Tensor | None, like: Tensor) -> Tensor:
 def compare_passes(res_a: dict[str, Any], res_b: dict[str, Any], atol: float,
                    rtol: float, cross_device: bool = False) -> list[dict[str, Any]]:
     """One row per compared tensor of two trainer passes, under the parity policy of
-    :mod:`.parity` (failing elements allowed per tensor across device types; tile offsets
+    :mod:`.tolerance` (failing elements allowed per tensor across device types; tile offsets
     exact); the intersection-order row is reported and not gated."""
     rows = []
     for kind, group in (("output", "outputs"), ("gradient", "grads")):

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .parity import summary, verdict
 from .stages import STAGE_TITLES
 from .timing import cpu_threads
+from .tolerance import summary, verdict
 
 
 def cpu_model() -> str:

@@ -20,23 +20,15 @@ from typing import Any
 
 import torch
 
-from ..data.scenes import Scene, load_scene
+from ..data.scenes import Scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
-from .parity import (
-    ATOL,
-    RTOL,
-    Hook,
-    across_devices,
-    check_sh_degree,
-    compare_results,
-    is_run_spec,
-    policy,
-    summary,
-)
+from .dispatch import open_workload
+from .parity import Hook, check_sh_degree, compare_results
 from .report import machine_info
-from .stages import STAGES, TrainStep, make_inputs, staged_pass, upstream_gradient
+from .stages import STAGES, make_inputs, staged_pass, upstream_gradient
 from .timing import LaunchCounter, NullTimer, PeakMemory, StageTimer, summarize
+from .tolerance import ATOL, RTOL, across_devices, policy, summary
 
 SCHEMA = "tilesplat.bench/1"
 
@@ -115,14 +107,9 @@ def run_bench(
         threads: Numba and torch threads for the run (None: as configured).
         hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
     """
-    replay = None
-    counts = {"iters": 3, "repeats": 3, "warmup": 1}
-    if is_run_spec(scene):
-        # the trainer and its image I/O, only for run scenes (.parity.is_run_spec)
-        from .replay import RUN_DEFAULTS, STEP_PARTS, ReplayStep, open_run
-
-        replay, counts = open_run(scene), RUN_DEFAULTS
-        sh_degree, tile_size = replay.sh_degree, 16  # what the trainer renders with
+    workload = open_workload(scene)  # a bench scene, or a run replayed by the trainer's step
+    sh_degree, tile_size = workload.settings(sh_degree, tile_size)
+    counts = workload.counts
     iters = counts["iters"] if iters is None else iters
     repeats = counts["repeats"] if repeats is None else repeats
     warmup = counts["warmup"] if warmup is None else warmup
@@ -132,20 +119,12 @@ def run_bench(
     if not isinstance(arms, str):
         arms = [a.spec if isinstance(a, Arm) else a for a in arms]
     arm_list = parse_arms(arms)
-    if replay is not None:
-        sc: Scene = replay.scene().to(dtype=dtype)
-    else:
-        sc = load_scene(scene, dtype=dtype) if isinstance(scene, str) else scene
-    make_step, parts = TrainStep, ()
-    if replay is not None:
-        make_step = lambda inp, arm: ReplayStep(replay, arm)  # noqa: E731
-        if all(a.torch_device.type == "cpu" for a in arm_list):
-            parts = STEP_PARTS  # the trainer step's render, loss, backward, Adam
+    sc = workload.load(dtype)
+    parts = workload.step_parts(arm_list)
     with thread_count(threads):
         res = _run(sc, arm_list, iters, repeats, warmup, sh_degree, tile_size, seed,
-                   calibrate, calibration_seconds, hook, make_step, parts)
-    if replay is not None:
-        res["scene"]["run"] = replay.info()
+                   calibrate, calibration_seconds, hook, workload.make_step, parts)
+    res["scene"].update(workload.scene_info())
     res["config"].update(threads=threads, calibrate=calibrate,
                          calibration_seconds=calibration_seconds)
     return res
@@ -251,7 +230,7 @@ def _run(sc: Scene, arms: list[Arm], iters: int, repeats: int, warmup: int, sh_d
 def parity_gate(base: Arm, base_res: dict[str, Any], arm: Arm,
                 res: dict[str, Any]) -> dict[str, Any]:
     """The gate of ``arm`` against the first arm: every tensor's failing elements within its
-    allowance (:mod:`.parity`). ``tensors`` holds the counts of every tensor, ``failed`` the
+    allowance (:mod:`.tolerance`). ``tensors`` holds the counts of every tensor, ``failed`` the
     names of the failing ones, ``summary`` one line."""
     across = across_devices(base, arm)
     rows = compare_results(base_res, res, cross_device=across)

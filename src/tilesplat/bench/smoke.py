@@ -13,9 +13,9 @@ before any long step. Cases (each one forward and backward unless said):
   and off, ``per_splat`` with batches of 32 and 256.
 
 The reference runs on CPU float32 copies of the same inputs. Outputs and gradients are
-compared with :func:`.parity.compare` (an element fails when abs > 1e-4 and rel > 1e-4, the
+compared with :func:`.tolerance.compare` (an element fails when abs > 1e-4 and rel > 1e-4, the
 gradients' tolerance of DESIGN.md; on a GPU a tensor may have the few failing elements of the
-cross-device policy of :mod:`.parity`; the intersection lists must match exactly) and
+cross-device policy of :mod:`.tolerance`; the intersection lists must match exactly) and
 reported in counts. Each case is timed on its first call (compilation included) and, when
 ``warm`` is set, on a second call.
 """
@@ -34,7 +34,7 @@ from torch import Tensor
 from ..constants import BACKWARD_SCHEMES
 from ..data.tensors import to_device
 from .arms import parse_arm
-from .parity import ATOL, RTOL, allowed_failures, compare, compare_radii
+from .tolerance import ATOL, RTOL, allowed_failures, compare, compare_radii
 
 # (case name, backward scheme, cuda options) of the rasterizer cases
 RASTER_CASES = (
@@ -166,7 +166,7 @@ def run_case(name: str, options: dict[str, Any], fn: Callable, inputs: list,
              names: list[str], device: torch.device, warm: bool,
              seed: int = 1) -> dict[str, Any]:
     """One case: the reference on the CPU, then the cuda backend on ``device`` (timed), and
-    a row per output and gradient (:func:`.parity.compare` counts)."""
+    a row per output and gradient (:func:`.tolerance.compare` counts)."""
     from ..backends.cuda import reset_options, set_options
 
     row: dict[str, Any] = {"case": name, "options": options}
@@ -192,7 +192,7 @@ def run_case(name: str, options: dict[str, Any], fn: Callable, inputs: list,
         across = device.type != "cpu"  # the reference runs on the CPU
         tensors = []
         for tname, a, b in zip(names, [*ref_out, *ref_grads], [*out, *grads], strict=True):
-            # decisions on float values may flip across devices (.parity's policy); the
+            # decisions on float values may flip across devices (.tolerance's policy); the
             # intersection lists come from identical inputs and must match exactly
             floating = a.is_floating_point() or tname in ("radii", "last_ids")
             allowed = allowed_failures(tname, a.numel(), across) if floating else 0

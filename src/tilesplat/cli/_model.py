@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-SPLAT_SUFFIXES = (".ply", ".splat", ".spz")
+from ..io.gaussians import SUFFIXES, load_gaussians
 
 
 @dataclass
@@ -32,14 +32,12 @@ def open_model(target: str | Path) -> Model:
     path = Path(target)
     if not path.exists():
         raise FileNotFoundError(f"no run folder, checkpoint or splat file at {path}")
-    if path.is_file() and path.suffix.lower() in SPLAT_SUFFIXES:
-        from ..io.gaussians import load_gaussians
-
+    if path.is_file() and path.suffix.lower() in SUFFIXES:
         return Model(load_gaussians(path), str(path))
     if path.is_file() and path.suffix.lower() != ".pt":
         raise ValueError(
             f"{path}: expected a run folder, a checkpoint (.pt) or a splat file "
-            f"({', '.join(SPLAT_SUFFIXES)})"
+            f"({', '.join(SUFFIXES)})"
         )
     import torch
 

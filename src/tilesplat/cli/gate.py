@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.gate import (
+    from ..bench.gate import (
         check_gate_arguments,
         checked_config,
         format_gate,

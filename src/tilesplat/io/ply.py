@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._checks import as_arrays, to_tensors
 from .atomic import atomic_writer
 
 _PLY_TYPES = {
@@ -47,15 +48,6 @@ def _property_names(num_rest: int) -> list[str]:
     )
 
 
-def _as_f32(name: str, t: torch.Tensor | np.ndarray, shape: tuple) -> np.ndarray:
-    if isinstance(t, torch.Tensor):
-        t = t.detach().to("cpu").numpy()
-    arr = np.asarray(t)
-    if arr.shape != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
-    return arr.astype("<f4", copy=False)
-
-
 def save_ply(
     path: str | Path,
     means: torch.Tensor,  # [N, 3]
@@ -68,24 +60,15 @@ def save_ply(
 
     Values are stored as float32: float32 inputs round-trip bitwise through :func:`load_ply`.
     """
-    path = Path(path)
-    n = int(means.shape[0]) if means.ndim == 2 else -1
-    if n < 0 or sh.ndim != 3:
-        raise ValueError(
-            f"expected means [N, 3] and sh [N, K, 3], got {list(means.shape)}, {list(sh.shape)}"
-        )
-    k = int(sh.shape[1])
-    degree = math.isqrt(k) - 1
-    if k < 1 or (degree + 1) ** 2 != k:
-        raise ValueError(f"sh: K = {k} is not a square (degree + 1)^2")
-    sh_np = _as_f32("sh", sh, (n, k, 3))
+    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    n, k = a["sh"].shape[:2]
     cols = {
-        "xyz": _as_f32("means", means, (n, 3)),
-        "dc": sh_np[:, 0, :],
-        "rest": sh_np[:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * (k - 1)),  # channel-major
-        "opacity": _as_f32("opacity_logits", opacity_logits, (n,))[:, None],
-        "scale": _as_f32("log_scales", log_scales, (n, 3)),
-        "rot": _as_f32("quats", quats, (n, 4)),
+        "xyz": a["means"],
+        "dc": a["sh"][:, 0, :],
+        "rest": a["sh"][:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * (k - 1)),  # channel-major
+        "opacity": a["opacity_logits"][:, None],
+        "scale": a["log_scales"],
+        "rot": a["quats"],
     }
     names = _property_names(3 * (k - 1))
     data = np.concatenate(
@@ -99,6 +82,7 @@ def save_ply(
         + "".join(f"property float {p}\n" for p in names)
         + "end_header\n"
     )
+    path = Path(path)
     with atomic_writer(path) as f:
         f.write(header.encode("ascii"))
         f.write(np.ascontiguousarray(data).tobytes())
@@ -177,17 +161,16 @@ def load_ply(path: str | Path) -> dict[str, torch.Tensor]:
         )
     v = np.frombuffer(raw, dtype=dtype, count=n, offset=offset)
 
-    def cols(*ps: str) -> torch.Tensor:
-        arr = np.stack([v[p].astype(np.float32) for p in ps], axis=1) if ps else np.zeros((n, 0))
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+    def cols(*ps: str) -> np.ndarray:
+        return np.stack([v[p].astype(np.float32) for p in ps], axis=1) if ps else np.zeros((n, 0))
 
     k = (degree + 1) ** 2
-    dc = cols("f_dc_0", "f_dc_1", "f_dc_2")
-    rest = cols(*[f"f_rest_{i}" for i in range(num_rest)]).reshape(n, 3, k - 1).transpose(1, 2)
-    return {
+    rest = cols(*[f"f_rest_{i}" for i in range(num_rest)]).reshape(n, 3, k - 1)
+    return to_tensors({
         "means": cols("x", "y", "z"),
         "quats": cols("rot_0", "rot_1", "rot_2", "rot_3"),
         "log_scales": cols("scale_0", "scale_1", "scale_2"),
-        "opacity_logits": cols("opacity")[:, 0].contiguous(),
-        "sh": torch.cat([dc[:, None, :], rest], dim=1).contiguous(),
-    }
+        "opacity_logits": cols("opacity")[:, 0],
+        "sh": np.concatenate([cols("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
+                              rest.transpose(0, 2, 1)], axis=1),
+    })  # fmt: skip

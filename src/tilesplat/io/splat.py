@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..constants import SH_C0
+from ._checks import as_arrays, check_count, check_finite, to_tensors
 from .atomic import atomic_writer
-from .gaussians import SH_C0, as_arrays, check_count, check_finite, to_tensors
 
 RECORD = np.dtype(
     [("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]

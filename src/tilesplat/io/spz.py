@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._checks import as_arrays, check_count, check_finite, to_tensors
 from .atomic import atomic_writer
-from .gaussians import as_arrays, check_count, check_finite, to_tensors
 
 MAGIC = 0x5053474E
 VERSION = 3
@@ -237,7 +237,7 @@ def load_spz(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         FileNotFoundError: no such file.
         ValueError (naming the file): not gzip, a wrong magic, an unsupported version,
-            degree or flag, a count above :data:`~tilesplat.io.gaussians.MAX_GAUSSIANS`, or a
+            degree or flag, a count above :data:`~tilesplat.io._checks.MAX_GAUSSIANS`, or a
             stream shorter than the header promises.
     """
     path = Path(path)

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..constants import SH_C0
 from ..rendering import rasterization
 
-SH_C0 = 0.28209479177387814
 VIEW_MODES = ("RGB", "depth", "alpha")
 Gaussians = dict[str, Tensor]
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..constants import BACKENDS
 from .scene import (
     VIEW_MODES,
     Gaussians,
@@ -35,7 +36,6 @@ from .scene import (
 )
 
 MODES = ("splats", "render")
-BACKENDS = ("auto", "torch", "cpu", "cuda")
 INSTALL_HINT = 'the viewer needs viser: pip install "tilesplat[viewer]"'
 SETTLE_S = 0.25  # a camera still this long is "stopped": render at full quality
 MOVING_SCALE = 0.5  # resolution factor while the camera moves
