@@ -61,7 +61,7 @@ def test_parse_arm_errors(spec, match):
 
 
 def test_to_device_moves_nested_tensors_and_keeps_the_rest():
-    from tilesplat.data.tensors import to_device
+    from tilesplat.devices import to_device
 
     t = torch.ones(2)
     obj = {"a": [t, (t, 3)], "b": "x", "c": None}

@@ -11,6 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "tilesplat"
 LAYER = {
     "constants": -1,
+    "devices": -1,
     "command_env": -1,
     "assets": -1,
     "__version__": -1,
@@ -200,41 +201,6 @@ def test_import_tilesplat_touches_no_cli_module():
 def test_command_env_uses_only_the_standard_library():
     for _, name in _imports(SRC / "command_env.py"):
         assert name.split(".")[0] in sys.stdlib_module_names, name
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import circle of ``graph`` as a path of modules back to its start, or None."""
-    done: set[str] = set()
-
-    def visit(mod: str, path: list[str]) -> list[str] | None:
-        if mod in path:
-            return path[path.index(mod):] + [mod]
-        if mod in done:
-            return None
-        for dep in sorted(graph.get(mod, ())):
-            found = visit(dep, [*path, mod])
-            if found:
-                return found
-        done.add(mod)
-        return None
-
-    for start in sorted(graph):
-        found = visit(start, [])
-        if found:
-            return found
-    return None
-
-
-def test_no_import_cycle_in_io_and_bench():
-    """The suffix table imports the format modules, which import the shared checks, never it
-    back; parity, the replay of a run and the gate share bench/tolerance.py, and the run:
-    dispatch (bench/dispatch.py) is the only module that imports the replay."""
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    for package in ("io", "bench"):
-        graph = _module_graph(package)
-        assert len(graph) > 3, package
-        cycle = _cycle(graph)
-        assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_pycolmap_only_inside_functions():

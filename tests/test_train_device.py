@@ -11,7 +11,7 @@ import torch
 from tilesplat.cli import main
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.data.tensors import to_device
+from tilesplat.devices import to_device
 from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig
 from tilesplat.train.device import device_frames, training_device

@@ -5,7 +5,7 @@ An arm is written ``backend[:scheme][@device]``: ``torch``, ``cpu:per_splat``,
 to ``cuda`` for the ``cuda`` backend and ``cpu`` otherwise.
 
 Every tensor an arm gets (its copy of the scene, the upstream gradient, and whatever another
-arm's pass feeds it) goes through :func:`tilesplat.data.tensors.to_device` to
+arm's pass feeds it) goes through :func:`tilesplat.devices.to_device` to
 :attr:`Arm.torch_device`, the one place that says where an arm's tensors live. Under
 numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the ``cuda`` backend runs its kernels
 on numpy views of CPU tensors, so a ``cuda``-backend arm keeps the device ``cuda`` in its

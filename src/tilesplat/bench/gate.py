@@ -30,21 +30,6 @@ ARMS = ("base", "cand")
 METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians")
 
 
-def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
-    """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
-    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
-
-    Raises:
-        FileNotFoundError: no such config file or dataset folder.
-        ValueError: an invalid key or value (the message names the file).
-    """
-    from ..data.dataset import detect_layout
-
-    cfg = apply_overrides(load_config(path), list(overrides or []))
-    layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
-    return cfg, layout
-
-
 def check_gate_arguments(repeats: int, psnr_guard: float, timeout: float | None) -> None:
     """One-line errors naming the option (the CLI turns them into exit status 2)."""
     if not isinstance(repeats, int) or repeats < 1:

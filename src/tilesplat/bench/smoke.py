@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..constants import BACKWARD_SCHEMES
-from ..data.tensors import to_device
+from ..devices import to_device
 from .arms import parse_arm
 from .tolerance import ATOL, RTOL, allowed_failures, compare, compare_radii
 

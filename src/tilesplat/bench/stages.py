@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..data.scenes import Scene
-from ..data.tensors import to_device
+from ..devices import to_device
 from ..ops import (
     fully_fused_projection,
     isect_offset_encode,

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..bench.gate import checked_config
+    from ..train.run import checked_config
     from ..train.config import TrainConfig
     from ..train.device import training_device
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -108,15 +108,3 @@ def device_frames(frames: Sequence[Frame], device: torch.device) -> list[Frame]:
         for f in frames
     ]
 
-
-def to_device(obj: Any, device: torch.device | str) -> Any:
-    """``obj`` with every tensor in it moved to ``device``: nested dicts, lists and tuples are
-    copied with the same structure, anything else is returned as it is. A tensor already on
-    ``device`` is returned itself (no copy)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device) for v in obj)
-    return obj

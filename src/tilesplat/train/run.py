@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..data.dataset import SceneDataset, load_dataset
 from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints, load_checkpoint
-from .config import TrainConfig, apply_overrides, save_config
+from .config import TrainConfig, apply_overrides, load_config, save_config
 from .evaluate import evaluate
 from .metrics import make_lpips
 from .models import model_kind
@@ -92,6 +92,21 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
 def scene_name(cfg: TrainConfig) -> str:
     """``synthetic`` for the built-in scene, else the dataset folder's name."""
     return Path(cfg.data).expanduser().resolve().name if cfg.data else "synthetic"
+
+
+def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
+    """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
+    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
+
+    Raises:
+        FileNotFoundError: no such config file or dataset folder.
+        ValueError: an invalid key or value (the message names the file).
+    """
+    from ..data.dataset import detect_layout
+
+    cfg = apply_overrides(load_config(path), list(overrides or []))
+    layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    return cfg, layout
 
 
 def new_run_dir(cfg: TrainConfig) -> Path:

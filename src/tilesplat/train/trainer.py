@@ -22,10 +22,11 @@ import torch
 from torch import Tensor
 
 from ..data.dataset import SceneDataset
+from ..devices import to_device
 from . import seams
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
-from .device import device_frames, to_device, training_device
+from .device import device_frames, training_device
 from .history import TrainingLog
 from .init import initial_gaussians
 from .metrics import psnr_of_mse, squared_error

@@ -1,4 +1,9 @@
-"""Moving nested tensor structures between devices (the bench's arms, the trainer's state)."""
+"""Moving nested tensor structures between devices: the bench's arms, the trainer's state.
+
+A bottom-layer module (torch only), so that the bench's kernel checks, which a bare GPU
+machine runs with no more than torch and numba (``scripts/gpu_check.py``), need nothing of the
+trainer or the data readers.
+"""
 
 from __future__ import annotations
 
