@@ -14,25 +14,15 @@ from ..kernel_cache import install as _install_kernel_cache
 _install_kernel_cache()  # before the kernels below are decorated with cache=True
 
 from ..registry import DiffOp, register  # noqa: E402
-from . import (  # noqa: E402
-    covariance,
-    intersect,
-    projection,
-    projection_2dgs,
-    projection_bwd,
-    rasterize_2dgs_bwd,
-    rasterize_bwd,
-    rasterize_fwd,
-    sh,
-    ssim,
-)
+from . import covariance, intersect, projection, rasterize, sh, ssim, twodgs  # noqa: E402
 
+# One line an op (the scheme: ``backends/registry.py``).
 register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
-register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection_bwd.backward))
+register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cpu", intersect.isect_tiles)
 register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
-register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))
-register("fully_fused_projection_2dgs", "cpu", projection_2dgs.project)
-register("rasterize_to_pixels_2dgs", "cpu", rasterize_2dgs_bwd.rasterize)
+register("rasterize_to_pixels", "cpu", DiffOp(rasterize.forward, rasterize.backward))
+register("fully_fused_projection_2dgs", "cpu", twodgs.fully_fused_projection_2dgs)
+register("rasterize_to_pixels_2dgs", "cpu", twodgs.rasterize_to_pixels_2dgs)
 register("ssim", "cpu", DiffOp(ssim.forward, ssim.backward))
