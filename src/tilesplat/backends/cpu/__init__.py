@@ -7,6 +7,12 @@ Work is split into fixed items (tiles for the rasterizer, blocks of Gaussians el
 ``numba.get_num_threads()`` threads (``_common.parallel_for``); reductions run in a fixed
 order, so gradients are bit-identical for any thread count. ``TILESPLAT_POISON=1`` fills
 output buffers with NaN before the kernels run (a test mode; see ``_common``).
+
+Layout (``backends/registry.py``): ``<op module>.py`` holds an op's launchers, after its kernels
+for the small ops (``covariance``, ``sh``, ``intersect``, ``ssim``); the large ones keep their
+kernels in ``<op module>_<part>.py`` (``projection_fwd``, ``rasterize_bwd``,
+``twodgs_rasterize_fwd``, ...; ``twodgs`` is the 2DGS autograd wiring). ``_common`` and ``cull``
+serve several ops; the scalar math is ``backends/shared/``, compiled by ``_common``.
 """
 
 from ..kernel_cache import install as _install_kernel_cache

@@ -4,6 +4,11 @@ PyTorch's current stream, compiled on first use by the NVVM of the pip packages.
 Under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) the same kernels run on CPU tensors,
 which is how CI checks them without a GPU. Options for benchmarks: :func:`set_options`
 (``warp_skip``, ``splat_batch``, ``exact_transmittance``; see :mod:`.runtime`).
+
+Layout (``backends/registry.py``): ``<op module>.py`` holds an op's launchers, and for the
+small ops its kernel bodies too (``covariance``, ``projection``, ``sh``, ``intersect``);
+``rasterize`` launches the kernels of ``rasterize_fwd`` and ``rasterize_bwd``. ``kernels``
+lists every kernel for the PTX checks; ``device_math`` compiles ``backends/shared/``.
 """
 
 try:
