@@ -26,6 +26,7 @@ from ...constants import CAMERA_CODES, FISHEYE_EPS
 from .typed import like
 
 FUNCTIONS = (
+    "_pinhole_bounds",
     "pinhole_proj",
     "pinhole_proj_vjp",
     "ortho_proj",
@@ -46,22 +47,29 @@ FISHEYE = CAMERA_CODES["fisheye"]
 # the models
 
 
-def pinhole_proj(tx, ty, tz, fx, fy, cx, cy, width, height):
-    """Pinhole projection of a camera-space point: (u, v, J 2x3 as 6-tuple).
-
-    u = fx x / z + cx, v = fy y / z + cy; the Jacobian uses the point with x/z and y/z clamped
-    to the field of view widened by 30% (as 3DGS), so that it stays bounded off-screen.
-    """
+def _pinhole_bounds(tz, fx, fy, cx, cy, width, height):
+    """(x+, x-, y+, y-): x/z is clamped to [-x-, x+] and y/z to [-y-, y+] in the pinhole
+    Jacobian, the field of view widened by 30% (as 3DGS)."""
     width = like(tz, width)
     height = like(tz, height)
-    u = fx * tx / tz + cx
-    v = fy * ty / tz + cy
     tan_x = like(tz, 0.5) * width / fx
     tan_y = like(tz, 0.5) * height / fy
     lim_xp = (width - cx) / fx + like(tz, 0.3) * tan_x
     lim_xn = cx / fx + like(tz, 0.3) * tan_x
     lim_yp = (height - cy) / fy + like(tz, 0.3) * tan_y
     lim_yn = cy / fy + like(tz, 0.3) * tan_y
+    return lim_xp, lim_xn, lim_yp, lim_yn
+
+
+def pinhole_proj(tx, ty, tz, fx, fy, cx, cy, width, height):
+    """Pinhole projection of a camera-space point: (u, v, J 2x3 as 6-tuple).
+
+    u = fx x / z + cx, v = fy y / z + cy; the Jacobian uses the point with x/z and y/z clamped
+    to the field of view widened by 30% (as 3DGS), so that it stays bounded off-screen.
+    """
+    u = fx * tx / tz + cx
+    v = fy * ty / tz + cy
+    lim_xp, lim_xn, lim_yp, lim_yn = _pinhole_bounds(tz, fx, fy, cx, cy, width, height)
     lx = tz * min(max(tx / tz, -lim_xn), lim_xp)
     ly = tz * min(max(ty / tz, -lim_yn), lim_yp)
     z2 = tz * tz
@@ -73,18 +81,11 @@ def pinhole_proj_vjp(tx, ty, tz, fx, fy, cx, cy, width, height, vu, vv, vj):
     """Gradient (v_tx, v_ty, v_tz) of pinhole_proj from v_u, v_v and v_J (a 2x3 6-tuple),
     following the clamp as autograd does (the gradient passes inside the bounds)."""
     vj00, _, vj02, _, vj11, vj12 = vj
-    width = like(tz, width)
-    height = like(tz, height)
     z2 = tz * tz
     vtx = vu * fx / tz
     vty = vv * fy / tz
     vtz = -(vu * fx * tx + vv * fy * ty) / z2
-    tan_x = like(tz, 0.5) * width / fx
-    tan_y = like(tz, 0.5) * height / fy
-    lim_xp = (width - cx) / fx + like(tz, 0.3) * tan_x
-    lim_xn = cx / fx + like(tz, 0.3) * tan_x
-    lim_yp = (height - cy) / fy + like(tz, 0.3) * tan_y
-    lim_yn = cy / fy + like(tz, 0.3) * tan_y
+    lim_xp, lim_xn, lim_yp, lim_yn = _pinhole_bounds(tz, fx, fy, cx, cy, width, height)
     rx = tx / tz
     ry = ty / tz
     qx = min(max(rx, -lim_xn), lim_xp)
