@@ -20,7 +20,7 @@ import torch
 
 import tilesplat
 from helpers import assert_close, cameras, random_gaussians, tile_grid
-from tilesplat.backends import scalar_math
+from tilesplat.backends.shared import compositing as scalar_math
 
 TOL = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-7, 1e-6)}  # (forward, gradients)
 SCHEMES = ("per_pixel", "per_splat")

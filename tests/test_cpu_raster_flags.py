@@ -14,7 +14,7 @@ import torch
 
 import tilesplat
 from helpers import tile_grid
-from tilesplat.backends.cpu import rasterize_bwd, rasterize_fwd
+from tilesplat.backends.cpu import rasterize
 from tilesplat.backends.cpu.rasterize_saved import n_slices
 
 
@@ -52,12 +52,12 @@ def _grads(sc, scheme, edit=None):
     keys = ("means2d", "conics", "colors", "opacities", "backgrounds", "masks", "width",
             "height", "tile_size", "isect_offsets", "flatten_ids")
     args = [sc[k] for k in keys]
-    rc, ra, last, saved = rasterize_fwd.forward(*args, scheme)
+    rc, ra, last, saved = rasterize.forward(*args, scheme)
     n = sc["flatten_ids"].shape[0]
     flags = saved.numpy()[: n * n_slices(sc["tile_size"])].reshape(n, -1)
     if edit is not None:
         edit(flags)
-    out = rasterize_bwd.backward(*args, rc, ra, last, sc["v_colors"], sc["v_alphas"], True,
+    out = rasterize.backward(*args, rc, ra, last, sc["v_colors"], sc["v_alphas"], True,
                                  scheme, saved)
     return flags.copy(), [t for t in out if t is not None]
 
@@ -107,8 +107,8 @@ def test_saved_buffer_layout():
                             "width", "height", "tile_size", "isect_offsets", "flatten_ids")]
     n, I, H, W = sc["flatten_ids"].shape[0], 2, sc["height"], sc["width"]
     flag_bytes = (n * n_slices(16) + 7) // 8 * 8
-    assert rasterize_fwd.forward(*args, None)[3] is None  # no backward: nothing kept
-    assert rasterize_fwd.forward(*args, "per_pixel")[3].numel() == flag_bytes + I * H * W * 4
-    assert rasterize_fwd.forward(*args, "per_splat")[3].numel() == flag_bytes + I * H * W * 3 * 4
+    assert rasterize.forward(*args, None)[3] is None  # no backward: nothing kept
+    assert rasterize.forward(*args, "per_pixel")[3].numel() == flag_bytes + I * H * W * 4
+    assert rasterize.forward(*args, "per_splat")[3].numel() == flag_bytes + I * H * W * 3 * 4
     f64 = [a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
-    assert rasterize_fwd.forward(*f64, "per_splat")[3].numel() == flag_bytes
+    assert rasterize.forward(*f64, "per_splat")[3].numel() == flag_bytes

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from tilesplat.backends.cuda import (  # noqa: E402
     covariance,
-    isect,
+    intersect,
     kernels,
     projection,
     rasterize_bwd,
@@ -69,7 +69,7 @@ def test_catalogue_lists_every_kernel():
     """Each kernel body builder of the package appears in kernels.KERNELS."""
     builders = {
         obj
-        for module in (covariance, isect, projection, rasterize_bwd, rasterize_fwd, sh)
+        for module in (covariance, intersect, projection, rasterize_bwd, rasterize_fwd, sh)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__
@@ -77,7 +77,7 @@ def test_catalogue_lists_every_kernel():
     listed = {spec.body(np.float32).__code__ for spec in kernels.KERNELS}
     missing = [b.__name__ for b in builders if b(*_probe_args(b)).__code__ not in listed]
     assert not missing, f"kernels not in the PTX catalogue: {missing}"
-    assert isect.isect_offset_encode_kernel.__code__ in listed
+    assert intersect.isect_offset_encode_kernel.__code__ in listed
 
 
 def _probe_args(builder):

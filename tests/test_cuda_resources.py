@@ -34,8 +34,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from tilesplat.backends.cuda import kernels, raster_limits, runtime  # noqa: E402
-from tilesplat.backends.cuda.rasterize_bwd import rasterize_to_pixels_bwd  # noqa: E402
-from tilesplat.backends.cuda.rasterize_fwd import KEEP_SUM, rasterize_to_pixels_fwd  # noqa: E402
+from tilesplat.backends.cuda.rasterize import backward as rasterize_to_pixels_bwd  # noqa: E402
+from tilesplat.backends.cuda.rasterize import forward as rasterize_to_pixels_fwd  # noqa: E402
+from tilesplat.backends.cuda.rasterize_fwd import KEEP_SUM  # noqa: E402
 
 FLOAT_BYTES = {np.float32: 4, np.float64: 8}
 

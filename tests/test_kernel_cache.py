@@ -1,7 +1,8 @@
 """Numba's cache of the CPU kernels follows the code compiled into them
 (``tilesplat.backends.kernel_cache``): a kernel is reloaded while nothing changed, and
-recompiled when only an inlined file (``scalar_math.py``) changed, which Numba alone misses; and
-a kernel compiled in this process computes what the same kernel loaded from the cache does."""
+recompiled when only an inlined file (``shared/compositing.py``) changed, which Numba alone
+misses; and a kernel compiled in this process computes what the same kernel loaded from the
+cache does."""
 
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ def test_an_edit_of_an_inlined_file_recompiles_the_kernels(tmp_path):
     first = probe()
     assert first["file"].startswith(str(tmp_path)) and first["misses"] >= 1
     assert probe() == {**first, "hits": 1, "misses": 0}  # unchanged: loaded from the cache
-    scalar_math = tmp_path / "src" / "tilesplat" / "backends" / "scalar_math.py"
-    scalar_math.write_text(scalar_math.read_text() + "\n# an edit\n")
+    inlined = tmp_path / "src" / "tilesplat" / "backends" / "shared" / "compositing.py"
+    inlined.write_text(inlined.read_text() + "\n# an edit\n")
     edited = probe()
     assert edited["misses"] >= 1 and edited["hits"] == 0  # recompiled, not the stale kernel
 
@@ -91,7 +92,7 @@ def test_an_edit_of_an_inlined_file_recompiles_the_kernels(tmp_path):
 # whether the backward kernel was compiled (a cache miss) or loaded.
 GRADS_PROBE = """
 import hashlib, json, torch, tilesplat
-from tilesplat.backends.cpu import rasterize_bwd, rasterize_fwd
+from tilesplat.backends.cpu import rasterize, rasterize_bwd
 g = torch.Generator().manual_seed(3)
 W, H, ts, G = 61, 47, 16, 400
 means2d = torch.rand(G, 2, generator=g) * torch.tensor([W, H])
@@ -109,8 +110,8 @@ vc, va = torch.randn(1, H, W, 3, generator=g), torch.randn(1, H, W, 1, generator
 out = {}
 for scheme in ("per_pixel", "per_splat"):
     args = (means2d, conics, colors, op, None, None, W, H, ts, offs, flat)
-    rc, ra, last, saved = rasterize_fwd.forward(*args, scheme)
-    grads = rasterize_bwd.backward(*args, rc, ra, last, vc, va, True, scheme, saved)
+    rc, ra, last, saved = rasterize.forward(*args, scheme)
+    grads = rasterize.backward(*args, rc, ra, last, vc, va, True, scheme, saved)
     out[scheme] = hashlib.sha256(b"".join(t.numpy().tobytes() for t in grads
                                           if t is not None)).hexdigest()
 out["misses"] = sum(rasterize_bwd.backward_kernel.stats.cache_misses.values())

@@ -2,11 +2,11 @@
 
 Numba keeps a compiled ``@njit(cache=True)`` function valid as long as the file defining it is
 unchanged (Numba 0.68 stamps it with that file's hash). A kernel also contains code from other
-files: ``scalar_math`` and the helpers it calls are inlined, and module constants such as
-``constants.ALPHA_SKIP`` are frozen into the machine code. Without this module an upgrade or
-an edit that changes only those files (``scalar_math.exp_neg``, say) keeps running the old
-kernels from the cache, silently: measured 2026-11-30, garden's forward ran 99 ms from the
-stale cache against 77 ms freshly compiled.
+files: the shared math (``backends/shared/``) and the helpers it calls are inlined, and module
+constants such as ``constants.ALPHA_SKIP`` are frozen into the machine code. Without this
+module an upgrade or an edit that changes only those files (``shared/compositing.py``, say)
+keeps running the old kernels from the cache, silently: measured 2026-11-30, garden's forward
+ran 99 ms from the stale cache against 77 ms freshly compiled.
 
 :func:`install` puts a locator in front of Numba's own ones for the functions defined inside
 the tilesplat package. It keeps Numba's cache folder (``NUMBA_CACHE_DIR`` or ``__pycache__``)

@@ -1,11 +1,26 @@
 """Backend registry: which implementation of an op runs for a given backend and device.
 
-Backends register their ops when their module is imported; modules are imported lazily on
+Backends register their ops when their package is imported; packages are imported lazily on
 the first dispatch that needs them, so ``import tilesplat`` loads no kernel code.
 
-A differentiable op is registered as a :class:`DiffOp` (a forward and a backward launcher);
-a non-differentiable op as a plain callable. ``ops/`` owns the autograd wiring and asks
-:func:`resolve` for the implementation.
+Where an op lives (the same names in every backend):
+
+- ``ops/<module>.py`` holds the public function, its validation and (for a differentiable op)
+  the ``torch.autograd.Function``; it asks :func:`resolve` for ``(op, backend)``.
+- ``backends/<backend>/<module>.py``, with the *same module name* as in ``ops/``
+  (``covariance``, ``projection``, ``sh``, ``intersect``, ``rasterize``, ``camera``,
+  ``indices``, ``twodgs``, ``ssim``), holds the launchers: plain functions that allocate the
+  outputs and launch the kernels. A backend may keep the kernels themselves in modules named
+  ``<module>_<part>.py`` beside it (``projection_fwd``, ``rasterize_bwd``, ...), which only
+  the launcher module and their siblings import.
+- A differentiable op registers ``DiffOp(<module>.forward, <module>.backward)``; a plain op
+  (and an op whose implementation differentiates itself, as the 2DGS ones do) registers
+  ``<module>.<op name>``. Each is one line in ``backends/<backend>/__init__.py``.
+- ``tests/ops/test_<module>.py`` runs the op through every backend against the reference.
+
+So an op is ``ops/<module>.py`` + ``backends/<b>/<module>.py`` per backend + one registration
+line per backend + its test. A backend that lacks an op just does not register it: ``auto``
+falls back to the reference, an explicit backend raises ``NotImplementedError``.
 
 Selection, strongest first: the ``backend=`` argument of a call, :func:`use_backend`
 (context manager), :func:`set_backend`, the environment variable ``TILESPLAT_BACKEND``,
@@ -25,9 +40,8 @@ from typing import Any
 
 import torch
 
-from ..constants import BACKWARD_SCHEMES
+from ..constants import BACKENDS, BACKWARD_SCHEMES
 
-BACKENDS = ("auto", "torch", "cpu", "cuda")
 _MODULES = {
     "torch": "tilesplat.backends.torch",
     "cpu": "tilesplat.backends.cpu",

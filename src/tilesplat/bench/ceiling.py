@@ -6,7 +6,7 @@ over one tile's 256 pixels, with the tile's Gaussians contiguous in memory, tile
 all threads. It reads no index buffers and writes no gradients, so no real rasterizer can beat
 it: the bench reports each arm's pair evaluations per second as a percentage of this number.
 
-The exp and sigma are those of the native backends (``backends/scalar_math.py``: a polynomial
+The exp and sigma are those of the native backends (``backends/shared/compositing.py``: a polynomial
 exp, as DESIGN.md's "Measured facts about Numba" explains: without SVML, ``math.exp`` stays a
 scalar libm call and the loop does not vectorise).
 """
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from ..backends import scalar_math
+from ..backends import shared
 from ..backends.kernel_cache import install as _install_kernel_cache
 from ..constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
 
@@ -30,7 +30,7 @@ INTERLEAVED_SECONDS = 0.1  # each ceiling measurement between the arms of a benc
 _F = np.float32
 # The scalar math of the native backends, compiled for the CPU: the ceiling measures the same
 # exp and sigma as the kernels it is compared with.
-_sm = scalar_math.build(njit(inline="always"), "tilesplat.bench._scalar")
+_sm = shared.build(njit(inline="always"), "tilesplat.bench._scalar")
 exp_neg = _sm.exp_neg
 gaussian_sigma = _sm.gaussian_sigma
 
@@ -182,5 +182,5 @@ def calibrate(seconds: float = 0.5, n_tiles: int | None = None, k: int = 256,
         "threads": int(kernel.threads),
         "n_tiles": int(kernel.n_tiles),
         "k": int(k),
-        "exp": "scalar_math.exp_neg (polynomial)",
+        "exp": "shared.compositing.exp_neg (polynomial)",
     }

@@ -119,7 +119,8 @@ def proj(
         covars: covariances in camera space. [..., C, N, 3, 3]
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels (the pinhole Jacobian clamps to the widened view).
-        camera_model: ``pinhole``, ``ortho`` or ``fisheye`` (``ftheta`` needs 3DGUT: missing).
+        camera_model: one of ``constants.CAMERA_MODELS`` (``pinhole``, ``ortho``,
+            ``fisheye``; ``ftheta`` needs 3DGUT: missing).
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
 
     Returns:

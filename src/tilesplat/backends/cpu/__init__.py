@@ -7,6 +7,12 @@ Work is split into fixed items (tiles for the rasterizer, blocks of Gaussians el
 ``numba.get_num_threads()`` threads (``_common.parallel_for``); reductions run in a fixed
 order, so gradients are bit-identical for any thread count. ``TILESPLAT_POISON=1`` fills
 output buffers with NaN before the kernels run (a test mode; see ``_common``).
+
+Layout (``backends/registry.py``): ``<op module>.py`` holds an op's launchers, after its kernels
+for the small ops (``covariance``, ``sh``, ``intersect``, ``ssim``); the large ones keep their
+kernels in ``<op module>_<part>.py`` (``projection_fwd``, ``rasterize_bwd``,
+``twodgs_rasterize_fwd``, ...; ``twodgs`` is the 2DGS autograd wiring). ``_common`` and ``cull``
+serve several ops; the scalar math is ``backends/shared/``, compiled by ``_common``.
 """
 
 from ..kernel_cache import install as _install_kernel_cache
@@ -14,25 +20,15 @@ from ..kernel_cache import install as _install_kernel_cache
 _install_kernel_cache()  # before the kernels below are decorated with cache=True
 
 from ..registry import DiffOp, register  # noqa: E402
-from . import (  # noqa: E402
-    covariance,
-    intersect,
-    projection,
-    projection_2dgs,
-    projection_bwd,
-    rasterize_2dgs_bwd,
-    rasterize_bwd,
-    rasterize_fwd,
-    sh,
-    ssim,
-)
+from . import covariance, intersect, projection, rasterize, sh, ssim, twodgs  # noqa: E402
 
+# One line an op (the scheme: ``backends/registry.py``).
 register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
-register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection_bwd.backward))
+register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cpu", intersect.isect_tiles)
 register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
-register("rasterize_to_pixels", "cpu", DiffOp(rasterize_fwd.forward, rasterize_bwd.backward))
-register("fully_fused_projection_2dgs", "cpu", projection_2dgs.project)
-register("rasterize_to_pixels_2dgs", "cpu", rasterize_2dgs_bwd.rasterize)
+register("rasterize_to_pixels", "cpu", DiffOp(rasterize.forward, rasterize.backward))
+register("fully_fused_projection_2dgs", "cpu", twodgs.fully_fused_projection_2dgs)
+register("rasterize_to_pixels_2dgs", "cpu", twodgs.rasterize_to_pixels_2dgs)
 register("ssim", "cpu", DiffOp(ssim.forward, ssim.backward))

@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import scalar_math
+from .. import shared
 
 # Numba-IR inlining is kept for the per-pair functions of the rasterizer's vectorised loops;
 # the others are ordinary calls (LLVM may still inline them), which keeps compilation short.
@@ -34,8 +34,7 @@ def _decorate(fn):
     return njit(error_model="numpy")(fn)
 
 
-sm = scalar_math.build(_decorate, "tilesplat.backends.cpu._scalar")
-
+sm = shared.build(_decorate, "tilesplat.backends.cpu._scalar")
 
 
 @njit(inline="always", error_model="numpy")

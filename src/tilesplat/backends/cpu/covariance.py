@@ -1,6 +1,6 @@
 """CPU kernels: quaternion + scale -> 3D covariance and precision (``quat_scale_to_covar_preci``).
 
-Blocks of Gaussians over threads (``_common.parallel_for``); the math is ``scalar_math``'s.
+Blocks of Gaussians over threads (``_common.parallel_for``); the math is ``shared.covariance``'s.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import BLOCK, alloc, parallel_for, sm, view
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import alloc, parallel_for, view
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""CPU kernels: backward of the fused projection (``fully_fused_projection``).
+"""CPU kernels: backward of the fused projection (``fully_fused_projection``); the launcher is
+in ``projection``.
 
 Gaussians in fixed chunks of ``CHUNK`` per work item over threads (``_common.parallel_for``);
 each Gaussian sums its cameras in order, and each chunk writes its share of ``v_viewmats``,
@@ -7,19 +8,11 @@ summed chunk by chunk afterwards, so the result does not depend on the number of
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
-from ..scalar_math import like
-from ._common import alloc, parallel_for, sm, view
-from .projection import (
-    CAMERA_CODES,
-    _np_or_empty,
-    camera_project,
-    load_camera,
-    load_covar,
-    to_camera,
-)
+from ..shared.typed import like
+from ._common import sm
+from .projection_fwd import load_camera, load_covar, to_camera
 
 CHUNK = 1024  # Gaussians per work item (fixed: the v_viewmats sum order depends on it)
 
@@ -37,20 +30,14 @@ def backward_one(mx, my, mz, cov, r, t, k, width, height, eps2d, model, vu, vv, 
     """
     mc, cc = to_camera(r, t, mx, my, mz, cov)
     fx, fy, cx, cy = k[0], k[1], k[2], k[3]
-    u, v, j = camera_project(model, mc, fx, fy, cx, cy, width, height)
+    u, v, j = sm.project(model, mc[0], mc[1], mc[2], fx, fy, cx, cy, width, height)
     c00, c01, c11 = sm.project_covar(j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2],
                                      cc[3], cc[4], cc[5])
     v00, v01, v11 = sm.conic_vjp(c00, c01, c11, eps2d, va, vb, vc, vcomp, calc_comp)
     vj, vcc = sm.project_covar_vjp(j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2],
                                    cc[3], cc[4], cc[5], v00, v01, v11)
-    if model == 1:
-        gx, gy, gz = sm.ortho_proj_vjp(fx, fy, vu, vv)
-    elif model == 2:
-        gx, gy, gz = sm.fisheye_proj_vjp(mc[0], mc[1], mc[2], fx, fy, vu, vv, vj[0], vj[1],
-                                         vj[2], vj[3], vj[4], vj[5])
-    else:
-        gx, gy, gz = sm.pinhole_proj_vjp(mc[0], mc[1], mc[2], fx, fy, cx, cy, width, height,
-                                         vu, vv, vj[0], vj[2], vj[4], vj[5])
+    gx, gy, gz = sm.project_vjp(model, mc[0], mc[1], mc[2], fx, fy, cx, cy, width, height, vu,
+                                vv, vj)
     gz = gz + vd
     vr, vcov = sm.transform_covar_vjp(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
                                       cov[0], cov[1], cov[2], cov[3], cov[4], cov[5], vcc[0],
@@ -87,7 +74,7 @@ def backward_kernel(
     vm_part [n_chunks, C, 12] (R and t of each camera) or [0, C, 12].
 
     Each Gaussian sums its cameras in order and adds its v_viewmats share to vm_part[ch].
-    Arrays are only indexed here, in the kernel (see ``projection.forward_kernel``: array
+    Arrays are only indexed here, in the kernel (see ``projection_fwd.forward_kernel``: array
     arguments of per-Gaussian calls cost an atomic reference count each)."""
     n_b, n_g = means.shape[0], means.shape[1]
     n_c = viewmats.shape[1]
@@ -180,76 +167,3 @@ def reduce_viewmats(vm_part, n_b, v_viewmats):
                 v_viewmats[b, c, e // 4, e % 4] = s
             for e in range(4):
                 v_viewmats[b, c, 3, e] = zero
-
-
-# ---------------------------------------------------------------------------------------------
-# launcher
-
-
-def backward(
-    means,
-    covars,
-    quats,
-    scales,
-    opacities,
-    viewmats,
-    Ks,
-    width,
-    height,
-    eps2d,
-    camera_model,
-    radii,
-    conics,
-    compensations,
-    v_means2d,
-    v_depths,
-    v_conics,
-    v_compensations,
-    need_v_viewmats,
-):
-    """Returns v_means [B,N,3], v_covars [B,N,6] or None, v_quats [B,N,4] or None,
-    v_scales [B,N,3] or None, v_viewmats [B,C,4,4] or None."""
-    del opacities, conics
-    n_b, n_g = means.shape[:2]
-    n_c = viewmats.shape[1]
-    dt = means.dtype
-    np_dt = view(means).dtype
-    v_means = alloc((n_b, n_g, 3), dt)
-    v_covars = alloc((n_b, n_g, 6), dt) if covars is not None else None
-    v_quats = alloc((n_b, n_g, 4), dt) if covars is None else None
-    v_scales = alloc((n_b, n_g, 3), dt) if covars is None else None
-    calc_comp = compensations is not None and v_compensations is not None
-    n_chunks = n_b * ((n_g + CHUNK - 1) // CHUNK)
-    vm_part = np.empty((n_chunks if need_v_viewmats else 0, n_c, 12), np_dt)
-    parallel_for(
-        backward_kernel,
-        n_chunks,
-        view(means),
-        _np_or_empty(covars, 3, np_dt),
-        _np_or_empty(quats, 3, np_dt),
-        _np_or_empty(scales, 3, np_dt),
-        view(viewmats),
-        view(Ks),
-        width,
-        height,
-        float(eps2d),
-        CAMERA_CODES[camera_model],
-        view(radii),
-        view(v_means2d.contiguous()),
-        view(v_depths.contiguous()),
-        view(v_conics.contiguous()),
-        view(v_compensations.contiguous()) if calc_comp else np.zeros((0, 0, 0), np_dt),
-        view(v_means),
-        _np_or_empty(v_covars, 3, np_dt),
-        _np_or_empty(v_quats, 3, np_dt),
-        _np_or_empty(v_scales, 3, np_dt),
-        vm_part,
-    )
-    v_viewmats = None
-    if need_v_viewmats:
-        v_viewmats = alloc((n_b, n_c, 4, 4), dt)
-        if n_chunks > 0:
-            reduce_viewmats(vm_part, n_b, view(v_viewmats))
-        else:
-            v_viewmats.zero_()
-    return v_means, v_covars, v_quats, v_scales, v_viewmats

@@ -1,4 +1,5 @@
-"""CPU kernels: backward of ``rasterize_to_pixels``, two schemes, deterministic.
+"""CPU kernels: backward of ``rasterize_to_pixels``, two schemes, deterministic (the launcher
+is in ``rasterize``).
 
 ``per_pixel``: each pixel walks its tile's list back to front from its ``last_id``, recovering T
 before each Gaussian by dividing by (1 - alpha), with the colour behind it accumulated. The walk
@@ -25,12 +26,11 @@ intersection order. No atomics: results are bit-identical for any thread count.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from numba import njit
 
-from ..scalar_math import like
-from ._common import BLOCK, alloc, parallel_for, prefetch, tile_span, view
-from .cull import gather_tile, max_tile_len
+from ..shared.typed import like
+from ._common import BLOCK, prefetch, tile_span
+from .cull import gather_tile
 from .rasterize_bwd_tiles import (
     C_A,
     C_ABSX,
@@ -47,7 +47,7 @@ from .rasterize_bwd_tiles import (
     tile_rows,
 )
 from .rasterize_fwd import init_tile_pixels
-from .rasterize_saved import SUB_PIXELS, float_shape, n_slices, unpack_saved
+from .rasterize_saved import SUB_PIXELS
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -266,105 +266,3 @@ def reduce_backgrounds(bg_part, n_img, v_backgrounds):
             for t in range(1, n_tiles):
                 s += bg_part[i * n_tiles + t, d]
             v_backgrounds[i, d] = s
-
-
-# ---------------------------------------------------------------------------------------------
-# launcher
-
-
-def backward(
-    means2d: torch.Tensor,  # [G, 2]
-    conics: torch.Tensor,  # [G, 3]
-    colors: torch.Tensor,  # [G, D]
-    opacities: torch.Tensor,  # [G]
-    backgrounds: torch.Tensor | None,  # [I, D]
-    masks: torch.Tensor | None,  # [I, TH, TW] bool
-    width: int,
-    height: int,
-    tile_size: int,
-    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
-    flatten_ids: torch.Tensor,  # [n] int32
-    render_colors: torch.Tensor,  # [I, H, W, D]
-    render_alphas: torch.Tensor,  # [I, H, W, 1]
-    last_ids: torch.Tensor,  # [I, H, W] int32
-    v_render_colors: torch.Tensor,  # [I, H, W, D]
-    v_render_alphas: torch.Tensor,  # [I, H, W, 1]
-    absgrad: bool,
-    scheme: str,
-    extra: torch.Tensor | None,  # the forward's saved buffer (rasterize_saved), uint8
-) -> tuple[torch.Tensor | None, ...]:
-    """Returns v_means2d [G, 2], v_conics [G, 3], v_colors [G, D], v_opacities [G],
-    v_backgrounds [I, D] or None, absgrad_means2d [G, 2] or None. extra: what
-    ``rasterize_fwd.forward`` kept for this scheme (``rasterize_saved``: the hit flags, and
-    per_pixel the final transmittances, per_splat in float32 the colours' rounding
-    residual)."""
-    if scheme not in ("per_pixel", "per_splat"):
-        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
-    if extra is None:
-        raise ValueError("the backward needs what its forward kept (rasterize_fwd.forward "
-                         f"with scheme={scheme!r})")
-    n_img, th, tw = isect_offsets.shape
-    n_gauss, n_ch = colors.shape
-    n = flatten_ids.shape[0]
-    dt = means2d.dtype
-    np_dt = view(means2d).dtype
-    first, order = isects_by_gaussian(view(flatten_ids), n_gauss)
-    part = np.empty((n, N_FIXED + n_ch), np_dt)
-    bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
-    bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
-    mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
-    flags, floats = unpack_saved(
-        extra, n, n_slices(tile_size),
-        float_shape(scheme, dt, n_img, height, width, n_ch), np_dt)
-    parallel_for(
-        backward_kernel,
-        n_img * th * tw,
-        view(means2d),
-        view(conics),
-        view(colors),
-        view(opacities),
-        bg,
-        mk,
-        width,
-        height,
-        tile_size,
-        view(isect_offsets),
-        view(flatten_ids),
-        np.zeros((0, 4), np.float64),  # no slice ranges: the forward's flags say more
-        max_tile_len(isect_offsets, n),
-        view(render_colors),
-        floats if scheme == "per_splat" and floats is not None
-        else np.zeros((0, 0, 0, n_ch), np_dt),
-        floats if scheme == "per_pixel" else np.zeros((0, 0, 0), np_dt),
-        flags,
-        view(render_alphas).reshape(n_img, height, width),
-        view(last_ids),
-        view(v_render_colors),
-        view(v_render_alphas).reshape(n_img, height, width),
-        scheme == "per_splat",
-        absgrad,
-        part,
-        bg_part,
-    )
-    v_means2d = alloc((n_gauss, 2), dt)
-    v_conics = alloc((n_gauss, 3), dt)
-    v_colors = alloc((n_gauss, n_ch), dt)
-    v_opacities = alloc((n_gauss,), dt)
-    v_abs = alloc((n_gauss, 2), dt) if absgrad else None
-    parallel_for(
-        reduce_kernel,
-        (n_gauss + BLOCK - 1) // BLOCK,
-        part,
-        first,
-        order,
-        view(v_means2d),
-        view(v_conics),
-        view(v_colors),
-        view(v_opacities),
-        view(v_abs) if v_abs is not None else np.zeros((0, 2), np_dt),
-    )
-    v_backgrounds = None
-    if backgrounds is not None:
-        v_backgrounds = alloc((n_img, n_ch), dt)
-        reduce_backgrounds(bg_part, n_img, view(v_backgrounds))
-    return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

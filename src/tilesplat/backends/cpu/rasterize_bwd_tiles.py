@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import sm
 from .rasterize_fwd import composite_step
 from .rasterize_saved import SUB_PIXELS

@@ -1,25 +1,25 @@
 """CPU kernels: front-to-back compositing of 2D Gaussians per tile (``rasterize_to_pixels``
-forward). The contract is the reference's (``backends/torch/rasterize.py``).
+forward; the launcher is in ``rasterize``). The contract is the reference's
+(``backends/torch/rasterize.py``).
 
 Work is split by tile over threads (``_common.parallel_for``); each tile runs
 :func:`blend_tile`, a plain ``@njit`` function whose inner loop over the tile's pixels is
 branch-free (a live-pixel mask replaces the per-pixel ``break``; the tile stops when no pixel is
 live) and so vectorises (AVX2 / AVX-512, check with ``blend_tile.inspect_asm()``). ``exp`` is
-the polynomial one of ``scalar_math``: Numba from pip has no SVML, and a libm call per pair
+the polynomial one of ``shared.compositing``: Numba from pip has no SVML, and a libm call per pair
 would keep the loop scalar.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
-from ..scalar_math import like
-from ._common import alloc, parallel_for, sm, tile_span, view
-from .cull import gather_tile, max_tile_len, splat_bounds
-from .rasterize_saved import SUB_PIXELS, alloc_saved, float_shape, n_slices
+from ..shared.typed import like
+from ._common import sm, tile_span
+from .cull import gather_tile
+from .rasterize_saved import SUB_PIXELS
 
 # A tile is composited in slices of SUB_PIXELS pixels (4 rows of a 16 x 16 tile), each stopping
 # on its own when its pixels are done: the lanes of finished pixels idle for less long. The
@@ -206,80 +206,3 @@ def forward_kernel(
                 if keep_trans:
                     out_trans[img, y, x] = trans[p]
                 out_last[img, y, x] = last[p]
-
-
-# ---------------------------------------------------------------------------------------------
-# launcher
-
-
-def forward(
-    means2d: torch.Tensor,  # [G, 2]
-    conics: torch.Tensor,  # [G, 3]
-    colors: torch.Tensor,  # [G, D]
-    opacities: torch.Tensor,  # [G]
-    backgrounds: torch.Tensor | None,  # [I, D]
-    masks: torch.Tensor | None,  # [I, TH, TW] bool
-    width: int,
-    height: int,
-    tile_size: int,
-    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
-    flatten_ids: torch.Tensor,  # [n] int32
-    scheme: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Returns render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] and
-    what the backward of ``scheme`` needs from this pass (None when scheme is None), packed
-    into one uint8 tensor by ``rasterize_saved``:
-
-    - the hit flags [n, n_sub] of the (intersection, pixel slice) pairs that contribute;
-    - per_pixel: trans [I, H, W], each pixel's final transmittance as the loop computed it
-      (1 - render_alphas has lost its low bits when T is small, and the back-to-front walk
-      scales every T it recovers by it);
-    - per_splat, float32: colors_lo [I, H, W, D], what rounding the float64 sum of the colours
-      to float32 lost (render_colors + colors_lo is that sum to ~48 bits; the backward
-      subtracts contributions from it). Nothing for float64 data.
-    """
-    n_img = isect_offsets.shape[0]
-    n_ch = colors.shape[1]
-    n_isects = flatten_ids.shape[0]
-    dt = means2d.dtype
-    np_dt = view(means2d).dtype
-    out_colors = alloc((n_img, height, width, n_ch), dt)
-    out_alphas = alloc((n_img, height, width, 1), dt)
-    out_last = alloc((n_img, height, width), torch.int32)
-    saved = None
-    flags = np.zeros((n_isects, 0), np.uint8)
-    out_lo = np.zeros((0, 0, 0, n_ch), np_dt)
-    out_trans = np.zeros((0, 0, 0), np_dt)
-    if scheme is not None:
-        shape = float_shape(scheme, dt, n_img, height, width, n_ch)
-        saved, flags, floats = alloc_saved(n_isects, n_slices(tile_size), shape, np_dt)
-        if scheme == "per_pixel":
-            out_trans = floats
-        elif floats is not None:
-            out_lo = floats
-    bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
-    mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
-    parallel_for(
-        forward_kernel,
-        n_img * isect_offsets.shape[1] * isect_offsets.shape[2],
-        view(means2d),
-        view(conics),
-        view(colors),
-        view(opacities),
-        bg,
-        mk,
-        width,
-        height,
-        tile_size,
-        view(isect_offsets),
-        view(flatten_ids),
-        splat_bounds(means2d, conics, opacities),
-        max_tile_len(isect_offsets, n_isects),
-        view(out_colors),
-        view(out_alphas).reshape(n_img, height, width),
-        view(out_last),
-        out_lo,
-        out_trans,
-        flags,
-    )
-    return out_colors, out_alphas, out_last, saved

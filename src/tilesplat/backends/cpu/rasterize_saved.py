@@ -10,7 +10,7 @@ keeps two things in it, as one uint8 buffer:
   nor any gradient). On garden 28% of the pairs the forward evaluates contribute nowhere.
 - the scheme's float buffer, 8-byte aligned after the flags: per_pixel, the final
   transmittances [I, H, W]; per_splat in float32, the colours' rounding residual
-  [I, H, W, D] (see ``rasterize_fwd.forward``); nothing for per_splat in float64.
+  [I, H, W, D] (see ``rasterize.forward``); nothing for per_splat in float64.
 
 4 bytes per intersection for 16 x 16 tiles: 1M Gaussians at 1920 x 1080 keep about 40 MB.
 """

@@ -1,7 +1,7 @@
 """CPU kernels: real spherical harmonics of degree 0-4 (``spherical_harmonics``).
 
 Blocks of rows over threads (``_common.parallel_for``); the basis and its gradient are
-``scalar_math``'s. Coefficients are read through the row map of ``backends/sh_rows.py`` (one
+``shared.sh``'s. Coefficients are read through the row map of ``backends/sh_rows.py`` (one
 block of coefficients shared by ``reps`` blocks of evaluation rows, e.g. every camera); the
 backward runs over coefficient rows and sums their evaluation rows in order, so it needs no
 atomics and no [M, K, 3] buffer.
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import BLOCK, alloc, parallel_for, sm, view
 
 # ---------------------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ def coeff_row(m, inner, reps):
 
 # Arrays are only indexed in the kernels themselves: a compiled call that takes an array
 # argument updates its reference count (an atomic) on every call, which cost more than the
-# basis itself (``projection.forward_kernel``).
+# basis itself (``projection_fwd.forward_kernel``).
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

@@ -28,7 +28,7 @@ import torch
 from numba import njit
 
 from ...constants import SSIM_C1, SSIM_C2
-from ..scalar_math import like
+from ..shared.typed import like
 from ..torch.ssim import gaussian_window
 from ._common import alloc, parallel_for, view
 

@@ -4,6 +4,11 @@ PyTorch's current stream, compiled on first use by the NVVM of the pip packages.
 Under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) the same kernels run on CPU tensors,
 which is how CI checks them without a GPU. Options for benchmarks: :func:`set_options`
 (``warp_skip``, ``splat_batch``, ``exact_transmittance``; see :mod:`.runtime`).
+
+Layout (``backends/registry.py``): ``<op module>.py`` holds an op's launchers, and for the
+small ops its kernel bodies too (``covariance``, ``projection``, ``sh``, ``intersect``);
+``rasterize`` launches the kernels of ``rasterize_fwd`` and ``rasterize_bwd``. ``kernels``
+lists every kernel for the PTX checks; ``device_math`` compiles ``backends/shared/``.
 """
 
 try:
@@ -22,7 +27,7 @@ from .runtime import check_numba_cuda_version  # noqa: E402
 check_numba_cuda_version(getattr(numba_cuda, "__version__", "0"))
 
 from ..registry import DiffOp, register  # noqa: E402
-from . import covariance, isect, projection, rasterize_bwd, rasterize_fwd, sh  # noqa: E402
+from . import covariance, intersect, projection, rasterize, sh, ssim  # noqa: E402
 from .runtime import (  # noqa: E402
     SIMULATOR,
     get_options,
@@ -37,27 +42,13 @@ if SIMULATOR:
 
     _install_warp_intrinsics()
 
-register(
-    "quat_scale_to_covar_preci",
-    "cuda",
-    DiffOp(covariance.covar_preci_forward, covariance.covar_preci_backward),
-)
-register(
-    "fully_fused_projection",
-    "cuda",
-    DiffOp(projection.projection_forward, projection.projection_backward),
-)
-register("spherical_harmonics", "cuda", DiffOp(sh.sh_forward, sh.sh_backward))
-register("isect_tiles", "cuda", isect.isect_tiles)
-register("isect_offset_encode", "cuda", isect.isect_offset_encode)
-register(
-    "rasterize_to_pixels",
-    "cuda",
-    DiffOp(rasterize_fwd.rasterize_to_pixels_fwd, rasterize_bwd.rasterize_to_pixels_bwd),
-)
-# SSIM on the GPU is the reference's convolutions: they already are torch's CUDA kernels
-from ..torch import ssim as _torch_ssim  # noqa: E402
-
-register("ssim", "cuda", DiffOp(_torch_ssim.forward, _torch_ssim.backward))
+# One line an op (the scheme: ``backends/registry.py``).
+register("quat_scale_to_covar_preci", "cuda", DiffOp(covariance.forward, covariance.backward))
+register("fully_fused_projection", "cuda", DiffOp(projection.forward, projection.backward))
+register("spherical_harmonics", "cuda", DiffOp(sh.forward, sh.backward))
+register("isect_tiles", "cuda", intersect.isect_tiles)
+register("isect_offset_encode", "cuda", intersect.isect_offset_encode)
+register("rasterize_to_pixels", "cuda", DiffOp(rasterize.forward, rasterize.backward))
+register("ssim", "cuda", DiffOp(ssim.forward, ssim.backward))
 
 __all__ = ["get_options", "launch_stats", "reset_launch_stats", "reset_options", "set_options"]

@@ -1,4 +1,4 @@
-"""``quat_scale_to_covar_preci`` kernels: one thread per Gaussian, from ``scalar_math``."""
+"""``quat_scale_to_covar_preci`` kernels: one thread per Gaussian, from ``shared.covariance``."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def _bwd_kernel(ft: type):
 
 
 @launcher
-def covar_preci_forward(
+def forward(
     quats: torch.Tensor,  # [M, 4]
     scales: torch.Tensor,  # [M, 3]
     compute_covar: bool,
@@ -131,7 +131,7 @@ def covar_preci_forward(
 
 
 @launcher
-def covar_preci_backward(
+def backward(
     quats: torch.Tensor,  # [M, 4]
     scales: torch.Tensor,  # [M, 3]
     v_covars: torch.Tensor | None,  # [M, 3, 3] or [M, 6]

@@ -1,11 +1,11 @@
-"""The shared scalar math (``backends/scalar_math.py``) compiled for the CUDA target.
+"""The shared scalar math (``backends/shared/``) compiled for the CUDA target.
 
-``scalar_math`` casts its constants with ``like(x, c)`` and ``as_int32(x)``, two functions
+``shared.typed`` casts its constants with ``like(x, c)`` and ``as_int32(x)``, two functions
 given to Numba through ``numba.extending.overload``. numba-cuda types an overload by
 compiling its implementation as a device function for the *current device*, which fails on
 a machine without a GPU (``compile_ptx`` for sm_80/sm_90 in CI). So the CUDA copies of the
 scalar functions see two numba-cuda intrinsics instead: they are typed without compiling
-anything and lower to one cast. Everything else is ``scalar_math`` itself.
+anything and lower to one cast. Everything else is ``shared`` itself.
 
 Under the simulator (``NUMBA_ENABLE_CUDASIM=1``) the plain Python functions run as they are.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from numba import cuda
 
-from .. import scalar_math
+from .. import shared
 from .runtime import SIMULATOR
 
 if not SIMULATOR:
@@ -46,7 +46,7 @@ else:
 
 @cache
 def device_math() -> types.ModuleType:
-    """Every function of ``scalar_math.FUNCTIONS`` as an inlined CUDA device function."""
-    return scalar_math.build(
+    """Every compiled function of ``shared`` as an inlined CUDA device function."""
+    return shared.build(
         cuda.jit(device=True, inline=True), "tilesplat_cuda_math", overrides=_OVERRIDES
     )

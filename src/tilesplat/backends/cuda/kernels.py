@@ -14,7 +14,7 @@ import numpy as np
 from numba.core import types as nt
 
 from .covariance import make_covar_bwd, make_covar_fwd
-from .isect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
+from .intersect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
 from .projection import make_projection_bwd, make_projection_fwd
 from .rasterize_bwd import make_bwd_per_pixel, make_bwd_per_splat
 from .rasterize_fwd import make_rasterize_fwd

@@ -1,5 +1,6 @@
 """Fused projection kernels (``fully_fused_projection``): one thread per (batch, camera,
-Gaussian), pinhole / ortho / fisheye, forward and backward, from ``scalar_math``.
+Gaussian), forward and backward, from ``shared`` (the camera model is ``shared.cameras``'
+dispatch on its code, ``constants.CAMERA_CODES``).
 
 The backward adds the gradients of the world-space parameters with atomics (a Gaussian seen
 by several cameras), and writes the per-(camera, Gaussian) gradient of each viewmat to a
@@ -14,12 +15,11 @@ from functools import cache
 import torch
 from numba import cuda
 
-from ...constants import ALPHA_SKIP, RADIUS_SIGMAS
+from ...constants import ALPHA_SKIP, CAMERA_CODES, RADIUS_SIGMAS
 from .device_math import device_math
 from .runtime import cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
-MODELS = {"pinhole": 0, "ortho": 1, "fisheye": 2}
 
 
 def make_projection_fwd(ft: type):
@@ -28,9 +28,7 @@ def make_projection_fwd(ft: type):
     quat_scale_to_covar = sm.quat_scale_to_covar
     transform_covar = sm.transform_covar
     project_covar = sm.project_covar
-    pinhole_proj = sm.pinhole_proj
-    ortho_proj = sm.ortho_proj
-    fisheye_proj = sm.fisheye_proj
+    project = sm.project
     add_blur = sm.add_blur
     conic_from_covar2d = sm.conic_from_covar2d
     zero = ft(0.0)
@@ -92,12 +90,7 @@ def make_projection_fwd(ft: type):
         fy = Ks[b, c, 1, 1]
         cx = Ks[b, c, 0, 2]
         cy = Ks[b, c, 1, 2]
-        if model == 0:
-            u, v, J = pinhole_proj(tx, ty, tz, fx, fy, cx, cy, width, height)
-        elif model == 1:
-            u, v, J = ortho_proj(tx, ty, tz, fx, cx, fy, cy)
-        else:
-            u, v, J = fisheye_proj(tx, ty, tz, fx, cx, fy, cy)
+        u, v, J = project(model, tx, ty, tz, fx, fy, cx, cy, width, height)
         c00, c01, c11 = project_covar(
             J[0], J[1], J[2], J[3], J[4], J[5], sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
         )
@@ -144,12 +137,8 @@ def make_projection_bwd(ft: type):
     transform_covar = sm.transform_covar
     project_covar = sm.project_covar
     project_covar_vjp = sm.project_covar_vjp
-    pinhole_proj = sm.pinhole_proj
-    pinhole_proj_vjp = sm.pinhole_proj_vjp
-    ortho_proj = sm.ortho_proj
-    ortho_proj_vjp = sm.ortho_proj_vjp
-    fisheye_proj = sm.fisheye_proj
-    fisheye_proj_vjp = sm.fisheye_proj_vjp
+    project = sm.project
+    project_vjp = sm.project_vjp
     conic_vjp = sm.conic_vjp
     zero = ft(0.0)
     two = ft(2.0)
@@ -204,12 +193,7 @@ def make_projection_bwd(ft: type):
         fy = Ks[b, c, 1, 1]
         cx = Ks[b, c, 0, 2]
         cy = Ks[b, c, 1, 2]
-        if model == 0:
-            _, _, J = pinhole_proj(tx, ty, tz, fx, fy, cx, cy, width, height)
-        elif model == 1:
-            _, _, J = ortho_proj(tx, ty, tz, fx, cx, fy, cy)
-        else:
-            _, _, J = fisheye_proj(tx, ty, tz, fx, cx, fy, cy)
+        _, _, J = project(model, tx, ty, tz, fx, fy, cx, cy, width, height)
         c00, c01, c11 = project_covar(
             J[0], J[1], J[2], J[3], J[4], J[5], sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
         )
@@ -224,16 +208,7 @@ def make_projection_bwd(ft: type):
         )  # fmt: skip
         vu = v_means2d[b, c, n, 0]
         vv = v_means2d[b, c, n, 1]
-        if model == 0:
-            vtx, vty, vtz = pinhole_proj_vjp(
-                tx, ty, tz, fx, fy, cx, cy, width, height, vu, vv, vJ[0], vJ[2], vJ[4], vJ[5]
-            )
-        elif model == 1:
-            vtx, vty, vtz = ortho_proj_vjp(fx, fy, vu, vv)
-        else:
-            vtx, vty, vtz = fisheye_proj_vjp(
-                tx, ty, tz, fx, fy, vu, vv, vJ[0], vJ[1], vJ[2], vJ[3], vJ[4], vJ[5]
-            )
+        vtx, vty, vtz = project_vjp(model, tx, ty, tz, fx, fy, cx, cy, width, height, vu, vv, vJ)
         vtz += v_depths[b, c, n]
         # means_c = R m + t
         cuda.atomic.add(v_means, (b, n, 0), r00 * vtx + r10 * vty + r20 * vtz)
@@ -302,13 +277,13 @@ def _bwd_kernel(ft: type):
 
 
 def _model(camera_model: str) -> int:
-    if camera_model not in MODELS:
-        raise ValueError(f"camera_model must be one of {sorted(MODELS)}, got {camera_model!r}")
-    return MODELS[camera_model]
+    if camera_model not in CAMERA_CODES:
+        raise ValueError(f"camera_model must be one of {list(CAMERA_CODES)}, got {camera_model!r}")
+    return CAMERA_CODES[camera_model]
 
 
 @launcher
-def projection_forward(
+def forward(
     means: torch.Tensor,  # [B, N, 3]
     covars: torch.Tensor | None,  # [B, N, 6]
     quats: torch.Tensor | None,  # [B, N, 4]
@@ -350,7 +325,7 @@ def projection_forward(
 
 
 @launcher
-def projection_backward(
+def backward(
     means: torch.Tensor,  # [B, N, 3]
     covars: torch.Tensor | None,  # [B, N, 6]
     quats: torch.Tensor | None,  # [B, N, 4]

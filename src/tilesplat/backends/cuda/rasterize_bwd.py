@@ -28,13 +28,12 @@ import math
 from functools import cache
 
 import numpy as np
-import torch
 from numba import cuda
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
 from . import raster_limits
 from .rasterize_fwd import device_add_product
-from .runtime import float_type, get_options, jit, launch, launcher, optional
+from .runtime import jit
 
 
 def _constants(ft: type):
@@ -402,86 +401,3 @@ def per_pixel_kernel(ft: type, tile_size: int, channels: int):
 @cache
 def per_splat_kernel(ft: type, tile_size: int, channels: int, splat_batch: int):
     return jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch), splat_batch)
-
-
-@launcher
-def rasterize_to_pixels_bwd(
-    means2d: torch.Tensor,  # [G, 2]
-    conics: torch.Tensor,  # [G, 3]
-    colors: torch.Tensor,  # [G, D]
-    opacities: torch.Tensor,  # [G]
-    backgrounds: torch.Tensor | None,  # [I, D]
-    masks: torch.Tensor | None,  # [I, TH, TW] bool
-    width: int,
-    height: int,
-    tile_size: int,
-    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
-    flatten_ids: torch.Tensor,  # [n] int32
-    render_colors: torch.Tensor,  # [I, H, W, D]
-    render_alphas: torch.Tensor,  # [I, H, W, 1]
-    last_ids: torch.Tensor,  # [I, H, W] int32
-    v_render_colors: torch.Tensor,  # [I, H, W, D]
-    v_render_alphas: torch.Tensor,  # [I, H, W, 1]
-    absgrad: bool,
-    scheme: str,
-    extra: torch.Tensor | None,  # [I, H, W, E] (rasterize_fwd's, for ``scheme``)
-) -> tuple:
-    """Launcher: returns (v_means2d [G,2], v_conics [G,3], v_colors [G,D], v_opacities [G],
-    v_backgrounds [I,D] | None, absgrad_means2d [G,2] | None)."""
-    del render_colors
-    raster_limits.check_tile_size(tile_size)
-    n_images, th, tw = isect_offsets.shape
-    n = flatten_ids.shape[0]
-    raster_limits.check_grid(tw, th, n)
-    channels = colors.shape[-1]
-    v_means2d = torch.zeros_like(means2d)
-    v_conics = torch.zeros_like(conics)
-    v_colors = torch.zeros_like(colors)
-    v_opacities = torch.zeros_like(opacities)
-    v_abs = torch.zeros_like(means2d) if absgrad else None
-    v_backgrounds = None
-    if backgrounds is not None:
-        # render = ... + T_final * background for every pixel, a masked tile included
-        v_backgrounds = (v_render_colors * (1.0 - render_alphas)).sum(dim=(1, 2))
-    if n == 0 or n_images == 0 or width == 0 or height == 0:
-        return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs
-    v_render_colors = v_render_colors.contiguous()
-    v_render_alphas = v_render_alphas.contiguous()
-    ft = float_type(means2d.dtype)
-    options = get_options()
-    device = means2d.device
-    common = (
-        means2d, conics, colors, opacities,
-        optional(backgrounds, means2d, 2), backgrounds is not None,
-        optional(masks, means2d, 3, torch.bool), masks is not None,
-        width, height, isect_offsets.reshape(-1), flatten_ids, n,
-    )  # fmt: skip
-    outputs = (v_means2d, v_conics, v_colors, v_opacities, optional(v_abs, means2d, 2))
-    if scheme == "per_pixel":
-        kernel = per_pixel_kernel(ft, tile_size, channels)
-        has_t = options["exact_transmittance"] and extra is not None
-        for image0, n_block in raster_limits.image_chunks(n_images):
-            launch(
-                kernel, (tw, th, n_block), (tile_size, tile_size), device,
-                *common, image0, n_images, render_alphas,
-                extra if has_t else optional(None, means2d, 4), has_t, last_ids,
-                v_render_colors, v_render_alphas, options["warp_skip"], absgrad, *outputs,
-            )  # fmt: skip
-    elif scheme == "per_splat":
-        if extra is None or extra.shape[-1] != 1 + 2 * channels:
-            raise ValueError("the per_splat backward needs the forward's colour sum: run the "
-                             "forward with backward_scheme='per_splat'")
-        batch = options["splat_batch"]
-        kernel = per_splat_kernel(ft, tile_size, channels, batch)
-        if not raster_limits.colors_in_shared("per_splat", np.dtype(ft).itemsize, tile_size,
-                                              channels):
-            extra = extra.clone()  # the kernel keeps the colour still to come in it
-        for image0, n_block in raster_limits.image_chunks(n_images):
-            launch(
-                kernel, (tw, th, n_block), batch, device,
-                *common, image0, n_images, extra, v_render_colors, v_render_alphas, absgrad,
-                *outputs,
-            )  # fmt: skip
-    else:
-        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
-    return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

@@ -26,12 +26,11 @@ import math
 from functools import cache
 
 import numpy as np
-import torch
 from numba import cuda
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
 from . import raster_limits
-from .runtime import empty, float_type, jit, launch, launcher, optional
+from .runtime import jit
 
 KEEP_NONE, KEEP_T, KEEP_SUM = 0, 1, 2
 KEEP = {None: KEEP_NONE, "per_pixel": KEEP_T, "per_splat": KEEP_SUM}
@@ -186,53 +185,6 @@ def make_rasterize_fwd(ft: type, tile_size: int, channels: int, keep: int = KEEP
 
 
 @cache
-def _kernel(ft: type, tile_size: int, channels: int, keep: int):
+def forward_kernel(ft: type, tile_size: int, channels: int, keep: int):
     body = make_rasterize_fwd(ft, tile_size, channels, keep)
     return jit(body, tile_size * tile_size)
-
-
-@launcher
-def rasterize_to_pixels_fwd(
-    means2d: torch.Tensor,  # [G, 2]
-    conics: torch.Tensor,  # [G, 3]
-    colors: torch.Tensor,  # [G, D]
-    opacities: torch.Tensor,  # [G]
-    backgrounds: torch.Tensor | None,  # [I, D]
-    masks: torch.Tensor | None,  # [I, TH, TW] bool
-    width: int,
-    height: int,
-    tile_size: int,
-    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
-    flatten_ids: torch.Tensor,  # [n] int32
-    scheme: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Launcher: returns render_colors [I,H,W,D], render_alphas [I,H,W,1], last_ids [I,H,W]
-    and what the backward of ``scheme`` needs (``extra`` [I,H,W,E], see the module
-    docstring; None when no backward will run)."""
-    raster_limits.check_tile_size(tile_size)
-    n_images, th, tw = isect_offsets.shape
-    channels = colors.shape[-1]
-    n = flatten_ids.shape[0]
-    raster_limits.check_grid(tw, th, n)
-    keep = KEEP[scheme]
-    dtype, device = means2d.dtype, means2d.device
-    out_colors = empty((n_images, height, width, channels), dtype, device)
-    out_alphas = empty((n_images, height, width, 1), dtype, device)
-    out_last = empty((n_images, height, width), torch.int32, device)
-    out_extra = None
-    if keep != KEEP_NONE:
-        out_extra = empty((n_images, height, width, extra_width(keep, channels)), dtype, device)
-    if n_images == 0 or width == 0 or height == 0:
-        return out_colors, out_alphas, out_last, out_extra
-    ids = flatten_ids if n > 0 else optional(None, flatten_ids, 1, torch.int32)
-    kernel = _kernel(float_type(dtype), tile_size, channels, keep)
-    for image0, n_block in raster_limits.image_chunks(n_images):
-        launch(
-            kernel, (tw, th, n_block), (tile_size, tile_size), device,
-            means2d, conics, colors, opacities,
-            optional(backgrounds, means2d, 2), backgrounds is not None,
-            optional(masks, means2d, 3, torch.bool), masks is not None,
-            width, height, isect_offsets.reshape(-1), ids, n, image0, n_images,
-            out_colors, out_alphas, out_last, optional(out_extra, means2d, 4),
-        )  # fmt: skip
-    return out_colors, out_alphas, out_last, out_extra

@@ -1,4 +1,4 @@
-"""``spherical_harmonics`` kernels: one thread per row, degrees 0–4, from ``scalar_math``."""
+"""``spherical_harmonics`` kernels: one thread per row, degrees 0–4, from ``shared.sh``."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def _bwd_kernel(ft: type):
 
 
 @launcher
-def sh_forward(
+def forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
     coeffs: torch.Tensor,  # [Nb, K, 3]
@@ -113,7 +113,7 @@ def sh_forward(
 
 
 @launcher
-def sh_backward(
+def backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
     coeffs: torch.Tensor,  # [Nb, K, 3]

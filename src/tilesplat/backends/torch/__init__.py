@@ -4,6 +4,7 @@ float32 and float64, any device. It defines what every other backend computes.""
 from ..registry import DiffOp, register
 from . import camera, covariance, indices, intersect, projection, rasterize, sh, ssim, twodgs
 
+# One line an op (the scheme: ``backends/registry.py``).
 register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covariance.backward))
 register("fully_fused_projection", "torch", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "torch", DiffOp(sh.forward, sh.backward))
@@ -14,8 +15,8 @@ register("world_to_cam", "torch", camera.world_to_cam)
 register("proj", "torch", camera.proj)
 register("rasterize_to_indices_in_range", "torch", indices.rasterize_to_indices_in_range)
 register("accumulate", "torch", indices.accumulate)
-register("fully_fused_projection_2dgs", "torch", twodgs.project)
-register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize)
+register("fully_fused_projection_2dgs", "torch", twodgs.fully_fused_projection_2dgs)
+register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize_to_pixels_2dgs)
 register("rasterize_to_indices_in_range_2dgs", "torch", indices.rasterize_to_indices_in_range_2dgs)
 register("accumulate_2dgs", "torch", indices.accumulate_2dgs)
 register("ssim", "torch", DiffOp(ssim.forward, ssim.backward))

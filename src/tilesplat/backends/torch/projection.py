@@ -1,7 +1,7 @@
 """Reference: fused projection of 3D Gaussians to 2D (``fully_fused_projection``).
 
 World → camera with ``viewmats``, then the EWA projection of the covariance with the
-Jacobian of the camera model (pinhole, ortho, fisheye), ``eps2d`` added to the 2D
+Jacobian of the camera model (``camera.PROJECTIONS``), ``eps2d`` added to the 2D
 covariance, its inverse (the conic), radii and culling. Entries that are culled (radii 0)
 output zeros for means2d, conics and compensations, and pass no gradient.
 """
@@ -9,66 +9,11 @@ output zeros for means2d, conics and compensations, and pass no gradient.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from ...constants import ALPHA_SKIP, DET_MIN, FISHEYE_EPS, RADIUS_SIGMAS
+from ...constants import ALPHA_SKIP, DET_MIN, RADIUS_SIGMAS
 from ._vjp import leaf, vjp
+from .camera import PROJECTIONS
 from .covariance import covar_preci, from_triu
-
-
-def _pinhole(means_c: Tensor, Ks: Tensor, width: int, height: int):
-    """Pinhole means2d [B,C,N,2] and Jacobian [B,C,N,2,3]; x/z and y/z clamped to the
-    field of view widened by 30% (as 3DGS) so that the Jacobian stays sane off-screen."""
-    x, y, z = means_c.unbind(-1)
-    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]
-    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    tan_fovx, tan_fovy = 0.5 * width / fx, 0.5 * height / fy
-    lim_x_pos = (width - cx) / fx + 0.3 * tan_fovx
-    lim_x_neg = cx / fx + 0.3 * tan_fovx
-    lim_y_pos = (height - cy) / fy + 0.3 * tan_fovy
-    lim_y_neg = cy / fy + 0.3 * tan_fovy
-    tx = z * torch.minimum(torch.maximum(x / z, -lim_x_neg), lim_x_pos)
-    ty = z * torch.minimum(torch.maximum(y / z, -lim_y_neg), lim_y_pos)
-    zero = torch.zeros_like(z)
-    J = torch.stack(
-        [fx / z, zero, -fx * tx / (z * z), zero, fy / z, -fy * ty / (z * z)], dim=-1
-    ).reshape(*z.shape, 2, 3)
-    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)
-    return means2d, J
-
-
-def _ortho(means_c: Tensor, Ks: Tensor):
-    x, y, z = means_c.unbind(-1)
-    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]
-    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx + zero, zero, zero, zero, fy + zero, zero], dim=-1)
-    means2d = torch.stack([fx * x + cx, fy * y + cy], dim=-1)
-    return means2d, J.reshape(*z.shape, 2, 3)
-
-
-def _fisheye(means_c: Tensor, Ks: Tensor):
-    """Equidistant fisheye: r = f·θ with θ the angle to the optical axis."""
-    x, y, z = means_c.unbind(-1)
-    fx, fy = Ks[..., 0, 0, None], Ks[..., 1, 1, None]
-    cx, cy = Ks[..., 0, 2, None], Ks[..., 1, 2, None]
-    eps = FISHEYE_EPS
-    xy_len = torch.sqrt(x * x + y * y) + eps
-    theta = torch.atan2(xy_len, z + eps)
-    means2d = torch.stack([x * fx * theta / xy_len + cx, y * fy * theta / xy_len + cy], dim=-1)
-    x2 = x * x + eps
-    y2 = y * y
-    xy = x * y
-    x2y2 = x2 + y2
-    inv_r2 = 1.0 / (x2y2 + z * z)
-    b = torch.atan2(xy_len, z) / xy_len / x2y2
-    a = z * inv_r2 / x2y2
-    J = torch.stack(
-        [fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * inv_r2,
-         fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * inv_r2],
-        dim=-1,
-    ).reshape(*z.shape, 2, 3)
-    return means2d, J
 
 
 def _values(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model,
@@ -87,13 +32,7 @@ def _values(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, ca
     covars_c = torch.einsum("bcij,bnjk,bclk->bcnil", R, covar3, R)
     depths = means_c[..., 2]
     safe_c = torch.where(in_depth[..., None], means_c, torch.ones_like(means_c))
-    if camera_model == "pinhole":
-        means2d, J = _pinhole(safe_c, Ks, width, height)
-    elif camera_model == "ortho":
-        means2d, J = _ortho(means_c, Ks)
-    else:
-        means2d, J = _fisheye(safe_c, Ks)
-
+    means2d, J = PROJECTIONS[camera_model](safe_c, Ks, width, height)
     cov2d = J @ covars_c @ J.transpose(-1, -2)
     det_orig = cov2d[..., 0, 0] * cov2d[..., 1, 1] - cov2d[..., 0, 1] * cov2d[..., 1, 0]
     cov2d = cov2d + eps2d * torch.eye(2, dtype=cov2d.dtype, device=cov2d.device)

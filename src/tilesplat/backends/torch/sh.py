@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...constants import SH_C0
 from ..sh_rows import expand_rows
 from ._vjp import recompute
 
-# Normalisation constants, band by band (standard real-SH values).
-Y00 = 0.28209479177387814
+# Normalisation constants, band by band (standard real-SH values); band 0 is SH_C0.
 Y1 = 0.4886025119029199
 Y2 = (1.0925484305920792, 0.31539156525252005, 0.5462742152960396)
 Y3 = (0.5900435899266435, 2.890611442640554, 0.4570457994644658, 0.3731763325901154,
@@ -26,7 +26,7 @@ Y4 = (0.6258357354491763, 1.7701307697799304, 0.47308734787878004, 0.66904654355
 def sh_basis(degree: int, dirs: Tensor) -> Tensor:
     """Basis values [..., (degree+1)^2] at unit directions [..., 3]."""
     x, y, z = dirs.unbind(-1)
-    out = [torch.full_like(x, Y00)]
+    out = [torch.full_like(x, SH_C0)]
     if degree >= 1:
         out += [-Y1 * y, Y1 * z, -Y1 * x]
     if degree >= 2:

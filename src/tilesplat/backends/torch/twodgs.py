@@ -44,7 +44,7 @@ def _rotmat(quats: Tensor) -> Tensor:
     ], dim=-1).reshape(*quats.shape[:-1], 3, 3)  # fmt: skip
 
 
-def project(
+def fully_fused_projection_2dgs(
     means: Tensor,  # [B, N, 3]
     quats: Tensor,  # [B, N, 4]
     scales: Tensor,  # [B, N, 3]
@@ -159,7 +159,7 @@ def _abs_sum_hook(into: Tensor, ids: Tensor, in_list: Tensor):
     return hook
 
 
-def rasterize(
+def rasterize_to_pixels_2dgs(
     means2d: Tensor,  # [G, 2]
     ray_transforms: Tensor,  # [G, 3, 3]
     colors: Tensor,  # [G, D]
@@ -216,4 +216,4 @@ def rasterize(
             out_d.reshape(I, height, width, 1), out_m.reshape(I, height, width, 1))
 
 
-__all__ = ["project", "rasterize", "surfel_sigma"]
+__all__ = ["fully_fused_projection_2dgs", "rasterize_to_pixels_2dgs", "surfel_sigma"]

@@ -1,5 +1,5 @@
 """CPU kernels: the 2DGS projection (``fully_fused_projection_2dgs``), forward and backward.
-The contract is the reference's (``backends/torch/twodgs.project``): ray transforms
+The contract is the reference's (``backends/torch/twodgs.py``): ray transforms
 M = K [R s_u e_1 | R s_v e_2 | mean_c], the screen box of the unit circle, radii, culling,
 normals facing the camera.
 
@@ -7,8 +7,7 @@ Surfels in fixed chunks of ``CHUNK`` per work item (``_common.parallel_for``); e
 float64 and rounds its outputs once. The backward recomputes the forward per (camera, surfel)
 and sums each surfel's cameras in order; each chunk writes its share of the camera gradients
 (``v_viewmats``, ``v_Ks``), summed chunk by chunk afterwards, so the result does not depend on
-the number of threads. The op is registered as a differentiable callable (:func:`project`,
-a ``torch.autograd.Function``), as the reference is differentiable by autograd.
+the number of threads. The autograd wiring that calls the launchers is in ``twodgs``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import math
 import numpy as np
 import torch
 from numba import njit
-from torch.autograd.function import once_differentiable
 
 from ...constants import RADIUS_SIGMAS
 from ._common import alloc, parallel_for, sm, view
@@ -264,40 +262,3 @@ def backward(
             v_viewmats[b] += torch.from_numpy(vm_part[ch])
             v_Ks[b] += torch.from_numpy(vk_part[ch])
     return (*grads, v_viewmats.to(dt), v_Ks.to(dt))
-
-
-class _Project2DGS(torch.autograd.Function):
-    """The CPU projection as one differentiable function; forward and backward only launch."""
-
-    @staticmethod
-    def forward(ctx, means, quats, scales, viewmats, Ks, width, height, near, far, clip):
-        outs = forward(means, quats, scales, viewmats, Ks, width, height, near, far, clip)
-        ctx.save_for_backward(means, quats, scales, viewmats, Ks, outs[0])
-        ctx.mark_non_differentiable(outs[0])
-        return outs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, v_radii, *v_outs):
-        *inputs, radii = ctx.saved_tensors
-        grads = backward(tuple(inputs), radii, v_outs)
-        need = ctx.needs_input_grad
-        return (*(g if need[i] else None for i, g in enumerate(grads)), None, None, None, None,
-                None)
-
-
-def project(
-    means: torch.Tensor,  # [B, N, 3]
-    quats: torch.Tensor,  # [B, N, 4]
-    scales: torch.Tensor,  # [B, N, 3]
-    viewmats: torch.Tensor,  # [B, C, 4, 4]
-    Ks: torch.Tensor,  # [B, C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float,
-    far_plane: float,
-    radius_clip: float,
-) -> tuple[torch.Tensor, ...]:
-    """The reference's signature (``backends/torch/twodgs.project``), differentiable."""
-    args = [t.contiguous() for t in (means, quats, scales, viewmats, Ks)]
-    return _Project2DGS.apply(*args, width, height, near_plane, far_plane, radius_clip)

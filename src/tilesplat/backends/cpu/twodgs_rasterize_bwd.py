@@ -1,5 +1,4 @@
-"""CPU kernels: backward of ``rasterize_to_pixels_2dgs`` (surfels), deterministic, and the
-autograd wiring of the CPU op.
+"""CPU kernels: backward of ``rasterize_to_pixels_2dgs`` (surfels), deterministic.
 
 Per tile (``_common.parallel_for``), each pixel walks its tile's list back to front from its
 last contributor (``per_pixel`` scheme), starting from the final transmittance the forward
@@ -17,10 +16,7 @@ float64 row at its position in Gaussian order (``rasterize_bwd.group_by_gaussian
 pass sums each Gaussian's rows in increasing intersection order and turns the gradient of
 the three crosses ``M_v x M_w, M_w x M_u, M_u x M_v`` into the gradient of the ray transform.
 No atomics: results are bit-identical for any thread count.
-
-The public op (``ops/twodgs.py``) calls its backend's implementation as a differentiable
-function (the reference is differentiable by autograd), so this backend registers
-:func:`rasterize`, which wraps the two launchers in a ``torch.autograd.Function``.
+The autograd wiring that calls the launchers is in ``twodgs``.
 """
 
 from __future__ import annotations
@@ -28,25 +24,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 from numba import njit
-from torch.autograd.function import once_differentiable
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import BLOCK, alloc, parallel_for, tile_span, view
 from .cull import max_tile_len
-from .rasterize_2dgs_fwd import (
+from .rasterize_bwd import group_by_gaussian, reduce_backgrounds
+from .twodgs_rasterize_fwd import (
     FILTER_INV_SQUARE,
     R_A,
     R_B,
     R_COLOR,
     R_NRM,
-    forward,
     gather_surfels,
     outside,
     surfel_alpha,
 )
-from .rasterize_2dgs_fwd import surfel_pair as pair
-from .rasterize_bwd import group_by_gaussian, reduce_backgrounds
+from .twodgs_rasterize_fwd import surfel_pair as pair
 
 # columns of the per-intersection gradient rows: mean, opacity, the gradients of the crosses
 # a, b, c (sum of p_x v_cross, p_y v_cross, v_cross), normal, the shifted pixel (-densify),
@@ -281,60 +275,3 @@ def backward(
         v_backgrounds = alloc((n_img, n_ch), dt)
         reduce_backgrounds(bg_part, n_img, view(v_backgrounds))
     return (*grads, v_backgrounds, v_abs)
-
-
-class _RasterizeToPixels2DGS(torch.autograd.Function):
-    """The CPU op as one differentiable function; forward and backward only launch."""
-
-    @staticmethod
-    def forward(ctx, means2d, rays, colors, opacities, normals, densify, backgrounds, masks,
-                width, height, tile_size, isect_offsets, flatten_ids, absgrad_into):
-        outs, extra = forward(means2d, rays, colors, opacities, normals, densify, backgrounds,
-                              masks, width, height, tile_size, isect_offsets, flatten_ids)
-        ctx.save_for_backward(means2d, rays, colors, opacities, normals, densify, backgrounds,
-                              masks, isect_offsets, flatten_ids, *extra)
-        ctx.geometry = (width, height, tile_size)
-        ctx.absgrad_into = absgrad_into
-        return outs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *v_outs):
-        saved = ctx.saved_tensors
-        inputs, (isect_offsets, flatten_ids), extra = saved[:8], saved[8:10], saved[10:]
-        absgrad_into = ctx.absgrad_into
-        grads = backward(inputs, *ctx.geometry, isect_offsets, flatten_ids, extra, v_outs,
-                         absgrad_into is not None)
-        if absgrad_into is not None:
-            absgrad_into += grads[7]
-        need = ctx.needs_input_grad
-        v_inputs = tuple(g if need[i] else None for i, g in enumerate(grads[:7]))
-        return (*v_inputs, None, None, None, None, None, None, None)
-
-
-def rasterize(
-    means2d: torch.Tensor,  # [G, 2]
-    ray_transforms: torch.Tensor,  # [G, 3, 3]
-    colors: torch.Tensor,  # [G, D]
-    opacities: torch.Tensor,  # [G]
-    normals: torch.Tensor,  # [G, 3]
-    densify: torch.Tensor,  # [G, 2]
-    backgrounds: torch.Tensor | None,  # [I, D]
-    masks: torch.Tensor | None,  # [I, TH, TW] bool
-    width: int,
-    height: int,
-    tile_size: int,
-    isect_offsets: torch.Tensor,  # [I, TH, TW] int
-    flatten_ids: torch.Tensor,  # [n] int
-    absgrad_into: torch.Tensor | None = None,  # [G, 2]
-) -> tuple[torch.Tensor, ...]:
-    """The reference's signature (``backends/torch/twodgs.rasterize``): render_colors
-    [I, H, W, D], render_alphas [I, H, W, 1], render_normals [I, H, W, 3], render_distort
-    [I, H, W, 1], render_median [I, H, W, 1], differentiable; the backward adds the absgrad of
-    ``densify`` to ``absgrad_into``."""
-    args = [t.contiguous() if t is not None else None
-            for t in (means2d, ray_transforms, colors, opacities, normals, densify, backgrounds,
-                      masks)]
-    return _RasterizeToPixels2DGS.apply(*args, width, height, tile_size,
-                                        isect_offsets.contiguous(), flatten_ids.contiguous(),
-                                        absgrad_into)

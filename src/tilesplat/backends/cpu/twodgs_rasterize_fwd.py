@@ -31,7 +31,7 @@ import torch
 from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
-from ..scalar_math import like
+from ..shared.typed import like
 from ._common import alloc, parallel_for, tile_span, view
 from .cull import max_tile_len
 

@@ -1,0 +1,228 @@
+"""Real spherical harmonics of degree 0-4 (Sloan's form, as gsplat's reference): the basis at a
+unit direction, its VJP, and the VJP of the direction's normalisation.
+
+``_SH`` holds gsplat's constants as gsplat's kernels write them; its first entry is
+``constants.SH_C0`` to 16 digits (one float64 ulp below it, the same float32), kept so that
+float64 results stay what they were.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .typed import like
+
+FUNCTIONS = ("sh_basis", "sh_basis_vjp", "normalize3_vjp")
+
+_SH = (
+    0.2820947917738781,
+    0.48860251190292,
+    1.092548430592079,
+    0.5462742152960395,
+    0.9461746957575601,
+    0.3153915652525201,
+    2.285228997322329,
+    0.4570457994644658,
+    1.445305721320277,
+    0.5900435899266435,
+    1.865881662950577,
+    1.119528997770346,
+    4.683325804901025,
+    2.007139630671868,
+    3.31161143515146,
+    0.47308734787878,
+    1.770130769779931,
+    0.6258357354491763,
+    1.984313483298443,
+    1.006230589874905,
+)
+
+
+def sh_basis(degree, x, y, z):
+    """The 25 real SH basis values at the unit direction (x, y, z); entries beyond degree are
+    0. Indices follow gsplat (k = l^2 + l + m)."""
+    zero = like(x, 0.0)
+    b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = zero
+    b9 = b10 = b11 = b12 = b13 = b14 = b15 = zero
+    b16 = b17 = b18 = b19 = b20 = b21 = b22 = b23 = b24 = zero
+    b0 = like(x, _SH[0])
+    if degree >= 1:
+        k = like(x, _SH[1])
+        b1 = -k * y
+        b2 = k * z
+        b3 = -k * x
+    if degree >= 2:
+        z2 = z * z
+        tb = -like(x, _SH[2]) * z
+        ta = like(x, _SH[3])
+        c1 = x * x - y * y
+        s1 = like(x, 2.0) * x * y
+        b6 = like(x, _SH[4]) * z2 - like(x, _SH[5])
+        b7 = tb * x
+        b5 = tb * y
+        b8 = ta * c1
+        b4 = ta * s1
+        if degree >= 3:
+            tc = -like(x, _SH[6]) * z2 + like(x, _SH[7])
+            tb = like(x, _SH[8]) * z
+            ta = -like(x, _SH[9])
+            c2 = x * c1 - y * s1
+            s2 = x * s1 + y * c1
+            b12 = z * (like(x, _SH[10]) * z2 - like(x, _SH[11]))
+            b13 = tc * x
+            b11 = tc * y
+            b14 = tb * c1
+            b10 = tb * s1
+            b15 = ta * c2
+            b9 = ta * s2
+            if degree >= 4:
+                td = z * (-like(x, _SH[12]) * z2 + like(x, _SH[13]))
+                tc = like(x, _SH[14]) * z2 - like(x, _SH[15])
+                tb = -like(x, _SH[16]) * z
+                ta = like(x, _SH[17])
+                c3 = x * c2 - y * s2
+                s3 = x * s2 + y * c2
+                b20 = like(x, _SH[18]) * z2 * (like(x, _SH[10]) * z2 - like(x, _SH[11])) - like(
+                    x, _SH[19]
+                ) * (like(x, _SH[4]) * z2 - like(x, _SH[5]))
+                b21 = td * x
+                b19 = td * y
+                b22 = tc * c1
+                b18 = tc * s1
+                b23 = tb * c2
+                b17 = tb * s2
+                b24 = ta * c3
+                b16 = ta * s3
+    return (
+        b0,
+        b1,
+        b2,
+        b3,
+        b4,
+        b5,
+        b6,
+        b7,
+        b8,
+        b9,
+        b10,
+        b11,
+        b12,
+        b13,
+        b14,
+        b15,
+        b16,
+        b17,
+        b18,
+        b19,
+        b20,
+        b21,
+        b22,
+        b23,
+        b24,
+    )
+
+
+def sh_basis_vjp(degree, x, y, z, g):
+    """Gradient (v_x, v_y, v_z) of sum_k g[k] * sh_basis(degree, x, y, z)[k], treating x, y,
+    z as independent (the normalisation is handled by normalize3_vjp). g: any indexable of 25
+    (a tuple, or a local array on either target)."""
+    zero = like(x, 0.0)
+    two = like(x, 2.0)
+    gx = zero
+    gy = zero
+    gz = zero
+    if degree >= 1:
+        k = like(x, _SH[1])
+        gy -= k * g[1]
+        gz += k * g[2]
+        gx -= k * g[3]
+    if degree >= 2:
+        z2 = z * z
+        kb = like(x, _SH[2])
+        tb = -kb * z
+        ta = like(x, _SH[3])
+        c1 = x * x - y * y
+        s1 = two * x * y
+        gz += like(x, _SH[4]) * two * z * g[6]
+        gx += tb * g[7]
+        gz -= kb * x * g[7]
+        gy += tb * g[5]
+        gz -= kb * y * g[5]
+        gx += ta * two * x * g[8]
+        gy -= ta * two * y * g[8]
+        gx += ta * two * y * g[4]
+        gy += ta * two * x * g[4]
+        if degree >= 3:
+            three = like(x, 3.0)
+            tc = -like(x, _SH[6]) * z2 + like(x, _SH[7])
+            dtc = -like(x, _SH[6]) * two * z
+            kb3 = like(x, _SH[8])
+            tb = kb3 * z
+            ta = -like(x, _SH[9])
+            c2 = x * c1 - y * s1
+            s2 = x * s1 + y * c1
+            gz += (three * like(x, _SH[10]) * z2 - like(x, _SH[11])) * g[12]
+            gx += tc * g[13]
+            gz += dtc * x * g[13]
+            gy += tc * g[11]
+            gz += dtc * y * g[11]
+            gx += tb * two * x * g[14]
+            gy -= tb * two * y * g[14]
+            gz += kb3 * c1 * g[14]
+            gx += tb * two * y * g[10]
+            gy += tb * two * x * g[10]
+            gz += kb3 * s1 * g[10]
+            # c2 = Re (x + iy)^3, s2 = Im (x + iy)^3
+            gx += ta * three * c1 * g[15]
+            gy -= ta * three * s1 * g[15]
+            gx += ta * three * s1 * g[9]
+            gy += ta * three * c1 * g[9]
+            if degree >= 4:
+                four = like(x, 4.0)
+                td = z * (-like(x, _SH[12]) * z2 + like(x, _SH[13]))
+                dtd = -three * like(x, _SH[12]) * z2 + like(x, _SH[13])
+                tc = like(x, _SH[14]) * z2 - like(x, _SH[15])
+                dtc = like(x, _SH[14]) * two * z
+                kb4 = like(x, _SH[16])
+                tb = -kb4 * z
+                ta = like(x, _SH[17])
+                p3 = like(x, _SH[10]) * z2 - like(x, _SH[11])
+                gz += (
+                    like(x, _SH[18]) * (two * z * p3 + z2 * like(x, _SH[10]) * two * z)
+                    - like(x, _SH[19]) * like(x, _SH[4]) * two * z
+                ) * g[20]
+                gx += td * g[21]
+                gz += dtd * x * g[21]
+                gy += td * g[19]
+                gz += dtd * y * g[19]
+                gx += tc * two * x * g[22]
+                gy -= tc * two * y * g[22]
+                gz += dtc * c1 * g[22]
+                gx += tc * two * y * g[18]
+                gy += tc * two * x * g[18]
+                gz += dtc * s1 * g[18]
+                gx += tb * three * c1 * g[23]
+                gy -= tb * three * s1 * g[23]
+                gz -= kb4 * c2 * g[23]
+                gx += tb * three * s1 * g[17]
+                gy += tb * three * c1 * g[17]
+                gz -= kb4 * s2 * g[17]
+                gx += ta * four * c2 * g[24]
+                gy -= ta * four * s2 * g[24]
+                gx += ta * four * s2 * g[16]
+                gy += ta * four * c2 * g[16]
+    return gx, gy, gz
+
+
+def normalize3_vjp(x, y, z, gx, gy, gz):
+    """Gradient w.r.t. v of v / max(|v|, 1e-12), given the gradient g of the result."""
+    norm = math.sqrt(x * x + y * y + z * z)
+    if norm <= like(x, 1e-12):
+        inv = like(x, 1e12)
+        return gx * inv, gy * inv, gz * inv
+    inv = like(x, 1.0) / norm
+    nx = x * inv
+    ny = y * inv
+    nz = z * inv
+    d = nx * gx + ny * gy + nz * gz
+    return (gx - nx * d) * inv, (gy - ny * d) * inv, (gz - nz * d) * inv

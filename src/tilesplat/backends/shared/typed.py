@@ -1,0 +1,86 @@
+"""Typed scalar intrinsics of the shared math: constants in the float type of a value, 32-bit
+integer conversion, and exact powers of two.
+
+Numba types a Python float literal as float64 and promotes what it touches, so a float32
+kernel would silently compute in float64: every constant of the shared math goes through
+``like(x, c)`` (``c`` cast to the type of ``x``, folded away), and every float-to-int
+conversion through ``as_int32`` (a 64-bit one keeps loops from vectorising). Each one is a
+plain Python function (the plain-Python meaning) with a Numba ``overload`` (the compiled
+one); the CUDA target replaces ``like`` and ``as_int32`` by intrinsics of its own
+(``cuda/device_math.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba.core import types as nb_types
+from numba.extending import intrinsic, overload
+
+# The helpers below are called by the compiled functions; none is compiled by ``build``.
+FUNCTIONS: tuple[str, ...] = ()
+
+
+def like(x, c):
+    """``c`` converted to the type of ``x`` (in compiled code; plain Python returns ``c``)."""
+    return c
+
+
+@overload(like, inline="always")
+def _like_overload(x, c):
+    target = x
+
+    def impl(x, c):  # pragma: no cover - compiled
+        return target(c)
+
+    return impl
+
+
+def as_int32(x):
+    """``x`` truncated to a 32-bit integer (vectorises where a 64-bit conversion would not)."""
+    return int(x)
+
+
+@overload(as_int32, inline="always")
+def _as_int32_overload(x):
+    def impl(x):  # pragma: no cover - compiled
+        return np.int32(x)
+
+    return impl
+
+
+
+def pow2_neg(x, n):
+    """2**-n as the float type of ``x``, for integer 0 <= n <= 126 (compiled: the exponent
+    field written directly, a subtraction and a shift; plain Python: ``ldexp``)."""
+    return math.ldexp(1.0, -int(n))
+
+
+@intrinsic
+def _pow2_neg_bits(typingctx, x, n):
+    if not isinstance(x, nb_types.Float) or not isinstance(n, nb_types.Integer):
+        return None
+    bits = x.bitwidth
+    bias, mantissa = (127, 23) if bits == 32 else (1023, 52)
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(bits)
+        n_val = context.cast(builder, args[1], signature.args[1],
+                             nb_types.int32 if bits == 32 else nb_types.int64)
+        exponent = builder.sub(ir.Constant(ity, bias), n_val)
+        field = builder.shl(exponent, ir.Constant(ity, mantissa))
+        return builder.bitcast(field, context.get_value_type(signature.return_type))
+
+    return x(x, n), codegen
+
+
+@overload(pow2_neg, inline="always")
+def _pow2_neg_overload(x, n):
+    def impl(x, n):  # pragma: no cover - compiled
+        return _pow2_neg_bits(x, n)
+
+    return impl
+
+
