@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io.atomic import atomic_write_bytes
-from ..train.config import TrainConfig, apply_overrides, load_config
+from ..train.config import TrainConfig
 from .gate_runs import Log, run_one
 
 SCHEMA = "tilesplat.gate/1"

@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..train.run import checked_config
     from ..train.config import TrainConfig
     from ..train.device import training_device
+    from ..train.run import checked_config
 
     cfg, layout = checked_config(args.config, args.overrides)
     default = TrainConfig()

@@ -49,12 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.gate import (
         check_gate_arguments,
-        checked_config,
         format_gate,
         gate_dir,
         run_gate,
         write_json,
     )
+    from ..train.run import checked_config
 
     check_gate_arguments(args.repeats, args.psnr_guard, args.timeout)
     base, base_layout = checked_config(args.base, args.overrides)
