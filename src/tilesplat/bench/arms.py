@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import registry
-from ..constants import BACKWARD_SCHEMES
+from ..constants import BACKENDS, BACKWARD_SCHEMES
 
-ARM_BACKENDS = ("torch", "cpu", "cuda")
+ARM_BACKENDS = tuple(b for b in BACKENDS if b != "auto")  # an arm names its backend
 DEVICES = ("cpu", "cuda")
 # The public ops the bench pipeline calls, by their registry names.
 PIPELINE_OPS = (

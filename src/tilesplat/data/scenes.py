@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-SH_C0 = 0.28209479177387814  # Y_0^0; colour = SH_C0 * dc + 0.5
+from ..constants import SH_C0
 
 
 @dataclass

@@ -1,21 +1,22 @@
 """Real spherical harmonics of degree 0-4 (Sloan's form, as gsplat's reference): the basis at a
 unit direction, its VJP, and the VJP of the direction's normalisation.
 
-``_SH`` holds gsplat's constants as gsplat's kernels write them; its first entry is
-``constants.SH_C0`` to 16 digits (one float64 ulp below it, the same float32), kept so that
-float64 results stay what they were.
+``_SH`` holds gsplat's constants as gsplat's kernels write them, the first being
+``constants.SH_C0`` (gsplat writes it to 16 digits, one float64 ulp below; the float32 is the
+same).
 """
 
 from __future__ import annotations
 
 import math
 
+from ...constants import SH_C0
 from .typed import like
 
 FUNCTIONS = ("sh_basis", "sh_basis_vjp", "normalize3_vjp")
 
 _SH = (
-    0.2820947917738781,
+    SH_C0,
     0.48860251190292,
     1.092548430592079,
     0.5462742152960395,
