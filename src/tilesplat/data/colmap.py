@@ -93,8 +93,11 @@ def _load_image(
     return img, 1.0, 1.0, full
 
 
-def load_colmap(path: str | Path, *, downscale: int = 1, test_every: int = 8) -> SceneDataset:
-    """Load a COLMAP dataset (see the module docstring).
+def load_colmap(
+    path: str | Path, *, downscale: int = 1, white_background: bool = True, test_every: int = 8
+) -> SceneDataset:
+    """Load a COLMAP dataset (see the module docstring); ``white_background`` is unused (the
+    images are taken as they are).
 
     Images sorted by name; every ``test_every``-th (the first included) goes to test.
     With ``downscale`` N, images come from ``images_N/`` when it exists, else are resized.

@@ -1,11 +1,15 @@
 """Dataset folders: layout detection and loading (Blender / NeRF-synthetic or COLMAP).
 
+A data source is one reader module in ``data/`` returning a :class:`SceneDataset` of the same
+frames, and one :class:`Layout` line in :data:`LAYOUTS` (docs/README.md, "where things go").
 The types (:class:`Frame`, :class:`SceneDataset`) and the loaders' shared helpers live in
 :mod:`.frames`; they are re-exported here, where the trainer has always imported them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .blender import load_blender
@@ -20,7 +24,9 @@ from .frames import (
 )
 
 __all__ = [
+    "LAYOUTS",
     "Frame",
+    "Layout",
     "SceneDataset",
     "cameras_extent",
     "detect_layout",
@@ -31,23 +37,44 @@ __all__ = [
 ]
 
 
-def detect_layout(path: str | Path) -> str:
-    """``"blender"`` or ``"colmap"`` for a dataset folder.
+@dataclass(frozen=True)
+class Layout:
+    """A dataset layout: how its folder is recognised, what it holds (for the error message),
+    and its reader ``load(path, *, downscale, white_background, test_every)``."""
 
-    Raises:
-        FileNotFoundError: the folder does not exist or holds neither layout.
-    """
-    path = Path(path)
+    name: str
+    matches: Callable[[Path], bool]
+    expects: str
+    load: Callable[..., SceneDataset]
+
+
+# in the order they are tried
+LAYOUTS = (
+    Layout("blender", lambda p: (p / "transforms_train.json").is_file(),
+           "transforms_train.json (Blender / NeRF-synthetic)", load_blender),
+    Layout("colmap", lambda p: (p / "sparse").is_dir(),
+           "sparse/0/ with cameras, images, points3D (COLMAP)", load_colmap),
+)
+
+
+def _layout(path: Path) -> Layout:
     if not path.is_dir():
         raise FileNotFoundError(f"dataset folder not found: {path}")
-    if (path / "transforms_train.json").is_file():
-        return "blender"
-    if (path / "sparse").is_dir():
-        return "colmap"
+    for layout in LAYOUTS:
+        if layout.matches(path):
+            return layout
     raise FileNotFoundError(
-        f"{path} is not a dataset: expected transforms_train.json (Blender / NeRF-synthetic) "
-        "or sparse/0/ with cameras, images, points3D (COLMAP)"
+        f"{path} is not a dataset: expected " + " or ".join(lay.expects for lay in LAYOUTS)
     )
+
+
+def detect_layout(path: str | Path) -> str:
+    """The name of a dataset folder's layout (:data:`LAYOUTS`: ``"blender"``, ``"colmap"``).
+
+    Raises:
+        FileNotFoundError: the folder does not exist or holds no known layout.
+    """
+    return _layout(Path(path)).name
 
 
 def load_dataset(
@@ -62,7 +89,8 @@ def load_dataset(
     Args:
         path: dataset folder.
         downscale: integer factor dividing the image size (and the intrinsics).
-        white_background: composite RGBA images on white (else black). Blender only.
+        white_background: composite RGBA images on white (else black) where the layout has
+            them (Blender).
         test_every: COLMAP (and Blender without transforms_test.json): every ``test_every``-th
             image, sorted by name, starting with the first, goes to the test split;
             0 puts every image in train.
@@ -71,9 +99,6 @@ def load_dataset(
         raise ValueError(f"downscale must be an integer >= 1, got {downscale!r}")
     if not isinstance(test_every, int) or test_every < 0:
         raise ValueError(f"test_every must be an integer >= 0, got {test_every!r}")
-    kind = detect_layout(path)
-    if kind == "blender":
-        return load_blender(
-            path, downscale=downscale, white_background=white_background, test_every=test_every
-        )
-    return load_colmap(path, downscale=downscale, test_every=test_every)
+    return _layout(Path(path)).load(
+        path, downscale=downscale, white_background=white_background, test_every=test_every
+    )
