@@ -20,7 +20,7 @@ Steps, the most valuable numbers first:
    skip on and off, batches 32 and 256;
 2. parity of ``cuda:per_pixel`` and ``cuda:per_splat`` against ``cpu:per_splat``
    (``--against``) on the first scene: every output and gradient, failing elements counted
-   per tensor under the cross-device policy of :mod:`tilesplat.bench.parity`;
+   per tensor under the cross-device policy of :mod:`tilesplat.bench.tolerance`;
 3. bench (:func:`tilesplat.bench.run_bench`) of ``cuda:per_pixel`` and ``cuda:per_splat`` on
    the last scene (the 4 ms target's), then parity there, then the bench on the other scenes;
 4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
