@@ -26,6 +26,21 @@ class PackedIds:
     gaussian_ids: Tensor | None
 
 
+def gather_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """``x[rows]`` (rows of dim 0) by ``index_select``, for the per-pair copies of per-Gaussian
+    tensors.
+
+    Not advanced indexing: the backward of ``x[ids]`` is ``index_put_(accumulate=True)``,
+    which on the CPU (float32, 32768 elements or more, more than one torch thread) adds the
+    pairs' gradients into their Gaussian's row with atomics from several threads, so a
+    Gaussian seen by three cameras sums them in an order that changes from run to run (garden:
+    ``v_means``, ``v_opacities`` and the SH gradients differed between processes).
+    ``index_select``'s backward (``index_add_``) sums each row in index order: the same bits
+    for any torch thread count.
+    """
+    return x.index_select(0, rows)
+
+
 def colors_per_pair(
     colors: Tensor,  # [..., (C,) N, D] or [..., (C,) N, K, 3]
     sh_degree: int | None,
@@ -48,20 +63,25 @@ def colors_per_pair(
     """
     batch_dims = means.shape[:-2]
     b_ids, c_ids, g_ids = ids.batch_ids, ids.camera_ids, ids.gaussian_ids
+    if packed:
+        image_rows = b_ids * C + c_ids  # rows of [B * C, ...]
+        pair_rows = image_rows * N + g_ids  # rows of [B * C * N, ...]
+        gauss_rows = b_ids * N + g_ids  # rows of [B * N, ...]
     if sh_degree is None:
         D = colors.shape[-1]
         if packed:
-            return (colors.reshape(B, C, N, D)[b_ids, c_ids, g_ids] if per_view
-                    else colors.reshape(B, N, D)[b_ids, g_ids])
+            return (gather_rows(colors.reshape(B * C * N, D), pair_rows) if per_view
+                    else gather_rows(colors.reshape(B * N, D), gauss_rows))
         if not per_view:
             return torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, D))
         return colors
     campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
     K = colors.shape[-2]
     if packed:
-        dirs = means.reshape(B, N, 3)[b_ids, g_ids] - campos.reshape(B, C, 3)[b_ids, c_ids]
-        shs = (colors.reshape(B, C, N, K, 3)[b_ids, c_ids, g_ids] if per_view
-               else colors.reshape(B, N, K, 3)[b_ids, g_ids])
+        dirs = (gather_rows(means.reshape(B * N, 3), gauss_rows)
+                - gather_rows(campos.reshape(B * C, 3), image_rows))
+        shs = (gather_rows(colors.reshape(B * C * N, K, 3), pair_rows) if per_view
+               else gather_rows(colors.reshape(B * N, K, 3), gauss_rows))
     else:
         dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
         # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied

@@ -25,7 +25,14 @@ from ..ops.validation import (
     check_tensor,
 )
 from . import sharding
-from ._pipeline import PackedIds, add_depth_channel, colors_per_pair, expected_depth, tile_lists
+from ._pipeline import (
+    PackedIds,
+    add_depth_channel,
+    colors_per_pair,
+    expected_depth,
+    gather_rows,
+    tile_lists,
+)
 
 _UNSUPPORTED = {
     "with_ut": False,
@@ -190,7 +197,7 @@ def rasterization(
     )
     if packed:
         batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
-        opac = opacities.reshape(B, N)[batch_ids, gaussian_ids]
+        opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
         image_ids = batch_ids * C + camera_ids
     else:
         radii, means2d, depths, conics, comps = proj

@@ -18,7 +18,14 @@ from ..ops.validation import (
     check_positive_int,
     check_tensor,
 )
-from ._pipeline import PackedIds, add_depth_channel, colors_per_pair, expected_depth, tile_lists
+from ._pipeline import (
+    PackedIds,
+    add_depth_channel,
+    colors_per_pair,
+    expected_depth,
+    gather_rows,
+    tile_lists,
+)
 
 
 def depth_to_normal(
@@ -112,7 +119,7 @@ def rasterization_2dgs(
         radius_clip, packed, sparse_grad, backend=backend)
     if packed:
         batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, rays, normals = proj
-        opac = opacities.reshape(B, N)[batch_ids, gaussian_ids]
+        opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
         image_ids = batch_ids * C + camera_ids
     else:
         radii, means2d, depths, rays, normals = proj
