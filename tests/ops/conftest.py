@@ -40,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "backends(*names): the backends a test's `backend` runs (default: native)")
 
 
+@pytest.hookimpl(tryfirst=True)  # first in every process, so the ids are the same
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         mark = metafunc.definition.get_closest_marker("backends")
