@@ -121,8 +121,9 @@ def test_degenerate(backend, case, scheme):
                                           ("per_pixel", 12), ("per_pixel", 5)])
 def test_saturated_pixels(backend, scheme, tile):
     """Opaque splats drive T to the 1e-4 stop, where 1 - render_alphas keeps ~6e-4 of T's
-    relative precision (the per_pixel backward replays T). On the GPU, tiles of 12 (144
-    threads) and 5 (25) end in a partial warp."""
+    relative precision (cuda's per_pixel backward reads the T the forward kept:
+    exact_transmittance). On the GPU, tiles of 12 (144 threads) and 5 (25) end in a partial
+    warp."""
     g = torch.Generator().manual_seed(9)
     N = 10
     means2d = torch.rand((1, N, 2), generator=g) * 2 + 3
