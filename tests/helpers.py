@@ -102,3 +102,30 @@ def naive_rasterize(means2d, conics, colors, opacities, width, height, tile_size
                 out_a[i, y, x, 0] = 1.0 - T
                 last[i, y, x] = last_id
     return out_c, out_a, last
+
+
+def run_in_cuda_simulator(paths: list[str], rootdir: str, timeout: float = 600) -> list[str]:
+    """Runs pytest on ``paths`` in a subprocess with numba's CUDA simulator on; returns the node
+    ids that passed. Fails on any failure, error, skip or xfail, or when nothing ran.
+
+    numba reads ``NUMBA_ENABLE_CUDASIM`` when ``numba.cuda`` is first imported, and other test
+    files import numba in the same pytest process, so the simulator needs its own process
+    (one, without xdist: the simulator runs every GPU thread as a Python thread).
+    """
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TILESPLAT_CUDA_") and k != "TILESPLAT_BACKEND"}
+    env.update(NUMBA_ENABLE_CUDASIM="1", TILESPLAT_POISON="1")
+    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-rA", "--maxfail=5",
+           "-p", "no:xdist", "-p", "no:cacheprovider"]
+    run = subprocess.run(cmd, env=env, cwd=rootdir, capture_output=True, text=True,
+                         timeout=timeout)
+    out = run.stdout
+    assert run.returncode == 0, out[-8000:] + run.stderr[-3000:]
+    summary = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", out, re.M)
+    assert set(summary) == {"PASSED"}, out[-6000:]  # nothing skipped, nothing xfailed
+    return re.findall(r"^PASSED (\S+)", out, re.M)

@@ -1,0 +1,1 @@
+"""One test module per public op: each native backend against the torch reference."""

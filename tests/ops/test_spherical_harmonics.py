@@ -1,0 +1,69 @@
+"""``spherical_harmonics``: degrees 0-4 with masks and more coefficients than the degree uses,
+against the reference; coefficients shared by broadcasting (rasterization's case) against
+their explicit copy; coefficients that do not broadcast are refused."""
+
+import pytest
+import torch
+
+import tilesplat
+from helpers import assert_close
+
+from .parity import assert_parity, dtypes, simulated
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3, 4])
+def test_matches_reference(backend, batch, degree):
+    n = 9 if simulated(backend) else 40
+    g = torch.Generator().manual_seed(degree)
+    dirs = torch.randn(*batch, n, 3, generator=g) * 2  # not normalised
+    coeffs = torch.randn(*batch, n, 25, 3, generator=g)
+    masks = torch.rand(*batch, n, generator=g) > 0.2
+
+    def fn(d, c, *, backend):
+        return tilesplat.spherical_harmonics(degree, d, c, masks=masks, backend=backend)
+
+    for dtype in dtypes(backend, batch):
+        assert_parity(fn, [dirs.to(dtype), coeffs.to(dtype)], backend, dtype,
+                      f"degree {degree} {dtype}", outputs=["colors"], inputs=["dirs", "coeffs"])
+
+
+@pytest.mark.backends("torch", "cpu", "cuda")
+@pytest.mark.parametrize(
+    "lead, coeff_lead",
+    [
+        ((3, 50), (50,)),  # every camera shares the Gaussians' coefficients (rasterization)
+        ((2, 3, 50), (2, 1, 50)),  # batch dims: cameras share within each batch entry
+        ((2, 3, 50), (1, 3, 1)),  # two broadcast runs: expanded (copied) rows
+        ((3, 50), (3, 50)),  # nothing shared
+    ],
+)
+def test_shared_coefficients(backend, lead, coeff_lead):
+    """Broadcast coefficients give what their explicit copy gives, gradients summed over the
+    rows that share them."""
+    if simulated(backend):  # 5 Gaussians, not 50
+        lead = (*lead[:-1], 5)
+        coeff_lead = (*coeff_lead[:-1], 5 if coeff_lead[-1] == 50 else 1)
+    g = torch.Generator().manual_seed(11)
+    dirs = torch.randn(*lead, 3, generator=g)
+    coeffs = torch.randn(*coeff_lead, 16, 3, generator=g)
+    masks = torch.rand(*lead, generator=g) > 0.2
+    v = torch.randn(*lead, 3, generator=g)
+    got = []
+    for c in (coeffs, coeffs.expand(*lead, 16, 3).contiguous()):
+        d = dirs.clone().requires_grad_(True)
+        c = c.clone().requires_grad_(True)
+        out = tilesplat.spherical_harmonics(3, d, c, masks=masks, backend=backend)
+        (out * v).sum().backward()
+        got.append((out, d.grad, c.grad))
+    (out_s, vd_s, vc_s), (out_e, vd_e, vc_e) = got
+    assert_close("colors", out_s, out_e, 1e-6, 1e-6)
+    assert_close("v_dirs", vd_s, vd_e, 1e-6, 1e-6)
+    aligned = (1,) * (len(lead) - len(coeff_lead)) + coeff_lead
+    dims = [i for i in range(len(lead)) if aligned[i] != lead[i]]  # the broadcast ones
+    summed = vc_e.sum(dim=dims, keepdim=True) if dims else vc_e
+    assert_close("v_coeffs", vc_s, summed.reshape(vc_s.shape), 1e-5, 1e-5)
+
+
+def test_coefficients_must_broadcast():
+    with pytest.raises(ValueError, match=r"leading dims broadcastable to dirs' \[3, 50\]"):
+        tilesplat.spherical_harmonics(1, torch.ones(3, 50, 3), torch.ones(2, 50, 4, 3))
