@@ -1,11 +1,11 @@
-"""The ``ssim`` op: the CPU kernel (fused, analytic backward) against the torch reference,
-the reference against finite differences, and the CPU kernel across thread counts."""
+"""The ``ssim`` op beyond its parity with the reference (``tests/ops/test_ssim.py``): the
+reference and the CPU kernel against finite differences, the CPU kernel across thread counts,
+the errors."""
 
 import numba
 import pytest
 import torch
 
-from helpers import assert_close
 from tilesplat.ops import ssim
 
 
@@ -23,30 +23,6 @@ def _value_and_grads(backend, a, b, v, grad_b=True):
     s = ssim(a, b, backend=backend)
     s.backward(v)
     return s.detach(), a.grad, b.grad
-
-
-@pytest.mark.parametrize("batch", [(), (2,), (1, 2)])
-@pytest.mark.parametrize("hw", [(11, 11), (37, 23), (70, 45)])
-def test_cpu_matches_reference_float32(batch, hw):
-    a, b = _pair((*batch, *hw, 3), torch.float32, seed=hw[0] + len(batch))
-    # the mean's gradient is ~1/M per pixel: scale the upstream gradient by M so the
-    # tolerances of DESIGN.md apply to O(1) values
-    v = torch.tensor(float(a.numel()), dtype=torch.float32)
-    ref = _value_and_grads("torch", a, b, v)
-    got = _value_and_grads("cpu", a, b, v)
-    assert_close("ssim", got[0], ref[0], 1e-5, 1e-5)
-    assert_close("v_img1", got[1], ref[1], 1e-4, 1e-4)
-    assert_close("v_img2", got[2], ref[2], 1e-4, 1e-4)
-
-
-def test_cpu_matches_reference_float64_one_image_grad():
-    a, b = _pair((2, 30, 41, 3), torch.float64, seed=5)
-    v = torch.tensor(3.0, dtype=torch.float64)
-    ref = _value_and_grads("torch", a, b, v, grad_b=False)
-    got = _value_and_grads("cpu", a, b, v, grad_b=False)
-    assert_close("ssim", got[0], ref[0], 1e-13, 1e-13)
-    assert_close("v_img1", got[1], ref[1], 1e-12, 1e-10)
-    assert got[2] is None
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])

@@ -28,12 +28,14 @@ def _f64(numel):
 
 
 def test_matches_reference(backend, batch):
-    hw = (17, 13) if simulated(backend) else (37, 23)
-    for dtype in dtypes(backend, batch):
-        a, b = _pair((*batch, *hw, 3), dtype, seed=hw[0] + len(batch))
-        exact = {} if dtype == torch.float32 else _f64(a.numel())
-        assert_parity(_ssim, [a, b], backend, dtype, f"ssim {dtype}", outputs=["ssim"],
-                      inputs=["img1", "img2"], **exact)
+    # the window's own size, odd sizes, a few windows across
+    sizes = [(17, 13)] if simulated(backend) else [(11, 11), (37, 23), (70, 45)]
+    for hw in sizes:
+        for dtype in dtypes(backend, batch):
+            a, b = _pair((*batch, *hw, 3), dtype, seed=hw[0] + len(batch))
+            exact = {} if dtype == torch.float32 else _f64(a.numel())
+            assert_parity(_ssim, [a, b], backend, dtype, f"ssim {hw} {dtype}", outputs=["ssim"],
+                          inputs=["img1", "img2"], **exact)
 
 
 def test_one_image_without_gradient(backend):

@@ -16,7 +16,8 @@ Where an op lives (the same names in every backend):
 - A differentiable op registers ``DiffOp(<module>.forward, <module>.backward)``; a plain op
   (and an op whose implementation differentiates itself, as the 2DGS ones do) registers
   ``<module>.<op name>``. Each is one line in ``backends/<backend>/__init__.py``.
-- ``tests/ops/test_<module>.py`` runs the op through every backend against the reference.
+- ``tests/ops/test_<op>.py`` runs the op through every backend against the reference
+  (parametrised over the backends and the batch dims ``(), (2,), (1, 2)``).
 
 So an op is ``ops/<module>.py`` + ``backends/<b>/<module>.py`` per backend + one registration
 line per backend + its test. A backend that lacks an op just does not register it: ``auto``
