@@ -212,7 +212,8 @@ def _glb_special(raw: bytes) -> list[bytes]:
     return out
 
 
-SPECIAL = {".ply": _ply_special, ".splat": _splat_special, ".spz": _spz_special}
+SPECIAL = {".ply": _ply_special, ".compressed.ply": _compressed_special, ".splat": _splat_special,
+           ".spz": _spz_special, ".sog": _sog_special, ".glb": _glb_special}  # fmt: skip
 
 
 def _check_case(path, data: bytes) -> str:
@@ -259,5 +260,19 @@ def test_damaged_files_end_in_value_error_within_bounds(tmp_path, suffix):
     assert results["refused"] >= len(_boundaries(raw)) - 1  # every truncation but the whole
 
 
+def test_loose_sog_folder_is_checked_the_same(tmp_path):
+    save_gaussians(tmp_path / "meta.json", _gaussians())
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    meta["count"] = 10**9
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="meta.json"):
+        format_of(tmp_path / "meta.json").read(tmp_path / "meta.json")
+    meta["count"] = 12
+    meta["scales"]["files"] = ["../outside.webp"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="plain file name"):
+        format_of(tmp_path / "meta.json").read(tmp_path / "meta.json")
+
+
 def test_every_format_is_fuzzed():
-    assert set(SPECIAL) == set(FORMATS)
+    assert set(SPECIAL) | {"meta.json"} == set(FORMATS)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import ply, splat, spz
+from . import compressed_ply, glb, ply, sog, splat, spz
 from ._checks import ARRAY_NAMES, SplatData
 
 Reader = Callable[[Path], SplatData]
@@ -39,8 +39,14 @@ class Format(NamedTuple):
 # name ending -> format
 FORMATS: dict[str, Format] = {
     ".ply": Format("ply", ply.read_ply, ply.save_ply),  # the 3DGS layout (compressed: read too)
+    ".compressed.ply": Format(  # SuperSplat's chunked, quantised PLY
+        "compressed-ply", compressed_ply.read_compressed_ply, compressed_ply.save_compressed_ply
+    ),
     ".splat": Format("splat", splat.read_splat, splat.save_splat),  # antimatter15's records
     ".spz": Format("spz", spz.read_spz, spz.save_spz),  # Niantic's, version 4 written
+    ".sog": Format("sog", sog.read_sog, sog.save_sog),  # PlayCanvas's WebP textures, one zip
+    "meta.json": Format("sog-folder", sog.read_sog, sog.save_sog),  # the same, loose files
+    ".glb": Format("glb", glb.read_glb, glb.save_glb),  # glTF 2.0 + KHR_gaussian_splatting
 }
 SUFFIXES = tuple(FORMATS)
 BY_NAME = {f.name: suffix for suffix, f in FORMATS.items()}
