@@ -247,7 +247,7 @@ def _v4(n=1, degree=0, streams=5, toc=32, tail=b"") -> bytes:
         (_spz_bytes((MAGIC, 3, 4_000_000_000, 0, 12, 0, 0)), "decompression bomb"),
         (_spz_bytes((MAGIC, 3, 2, 0, 12, 0, 0), bytes(20)), "truncated .spz"),
         (b"NGSP", "truncated"),
-        (_v4(n=4_000_000_000), "claims 4000000000 Gaussians"),
+        (_v4(n=4_000_000_000), "header of 4000000000 Gaussians .* decompression bomb"),
         (_v4(streams=6), "6 streams in the header"),
         (_v4(toc=10), "TOC offset 10"),
         (_v4(tail=bytes(80) + b"x"), "TOC lists 0 compressed bytes, the file holds 1"),
@@ -271,6 +271,24 @@ def test_spz_does_not_inflate_past_what_the_header_needs(tmp_path):
     path.write_bytes(comp)
     assert len(comp) < 1 << 20
     assert load_spz(path)["means"].shape == (1, 3)
+
+
+def test_spz_v4_of_constant_fields_reads_back_and_a_bomb_is_refused(tmp_path):
+    # An initialised model: one opacity, one scale, no rotation, zero SH rest. zstd shrinks
+    # each of those streams far past 1024x; the whole file does not, so it reads back.
+    n = 60_000
+    g = {"means": torch.randn(n, 3, generator=torch.Generator().manual_seed(5)),
+         "quats": torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
+         "log_scales": torch.full((n, 3), -4.0), "opacity_logits": torch.full((n,), -2.2),
+         "sh": torch.zeros(n, 16, 3)}  # fmt: skip
+    path = save_spz(tmp_path / "init.spz", *g.values())
+    assert load_spz(path)["means"].shape == (n, 3)
+    # the same streams under a header claiming 2000x the Gaussians: refused before inflating
+    raw = bytearray(path.read_bytes())
+    raw[8:12] = struct.pack("<I", n * 2000)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="decompression bomb"):
+        load_spz(path)
 
 
 # --- .splat ------------------------------------------------------------------------------

@@ -151,6 +151,24 @@ def test_sog_round_trip_within_quantisation(tmp_path, degree):
         assert (back["sh"][:, 1:] - want["sh"][:, 1:]).abs().max() <= 0.005 + 0.01
 
 
+def test_kmeans_fitted_on_a_sample_labels_every_row_by_its_nearest_centroid(monkeypatch):
+    from tilesplat.io import kmeans as km
+
+    monkeypatch.setattr(km, "MIN_SAMPLE", 64)  # a sample of 16 x 8 rows from 6000
+    rng = np.random.default_rng(4)
+    centres = rng.normal(size=(8, 45)).astype(np.float32) * 4
+    truth = np.sort(rng.integers(0, 8, 6000))  # grouped: the even seeds hit every cluster
+    rows = centres[truth] + rng.normal(size=(6000, 45)).astype(np.float32) * 0.05
+    c, labels = km.kmeans(rows, 8, 10)
+    assert c.shape == (8, 45) and labels.shape == (6000,)
+    d = ((rows[:, None, :] - c[None]) ** 2).sum(-1)
+    assert np.array_equal(labels, d.argmin(1))  # every row, not only the sample, assigned
+    # the clusters found are the true ones (a label is one true cluster, and back)
+    pairs = set(zip(truth.tolist(), labels.tolist(), strict=True))
+    assert len(pairs) == 8 and len({t for t, _ in pairs}) == 8
+    assert np.abs(c[labels] - centres[truth]).max() < 0.1
+
+
 def test_sog_loose_folder_and_antialiased_model(tmp_path):
     g = _clustered(200, 1)
     (tmp_path / "scene").mkdir()

@@ -6,7 +6,10 @@ an evenly spaced sample of the rows in N-D), so the same Gaussians always give t
 The N-D assignment is the distance expansion ``|x|^2 - 2 x.c + |c|^2`` as one float32 matrix
 product per block of rows (torch's GEMM on the CPU cores), blocks sized to keep the distance
 matrix near 64 MB; the update sums each cluster's rows with ``index_add_``. An empty cluster
-keeps its centroid.
+keeps its centroid. Large inputs are fitted on an evenly strided sample of ``SAMPLE_PER_K``
+rows per centroid (at least ``MIN_SAMPLE``), then every row is assigned once: the garden
+model's 136 K SH rows into 4096 entries took ~40 s fitted on all rows, ~half on the sample.
+Iterations stop early once fewer than 0.1 % of the labels change.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import numpy as np
 import torch
 
 _BLOCK_FLOATS = 1 << 24  # 64 MB of float32 distances per block of rows
+SAMPLE_PER_K = 16
+MIN_SAMPLE = 1 << 16
 
 
 def kmeans_1d(
@@ -69,18 +74,22 @@ def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, 
     Returns:
         (centroids [k', D] float32, labels [N] int64).
     """
-    x = torch.from_numpy(np.ascontiguousarray(rows, np.float32))
-    n = len(x)
+    everything = torch.from_numpy(np.ascontiguousarray(rows, np.float32))
+    n = len(everything)
     k = max(1, min(k, n))
-    start = np.linspace(0, n - 1, k).round().astype(np.int64)
-    c = x[torch.from_numpy(start)].clone()
+    m = min(n, max(SAMPLE_PER_K * k, MIN_SAMPLE))
+    x = everything[torch.from_numpy(np.linspace(0, n - 1, m).round().astype(np.int64))]
+    c = x[torch.from_numpy(np.linspace(0, m - 1, k).round().astype(np.int64))].clone()
     labels = _assign(x, c)
     for _ in range(iterations):
         sums = torch.zeros_like(c).index_add_(0, labels, x)
         counts = torch.bincount(labels, minlength=k).to(x.dtype)
         c = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c)
         new = _assign(x, c)
-        if torch.equal(new, labels):
-            break
+        changed = int((new != labels).sum())
         labels = new
+        if changed <= m // 1000:
+            break
+    if m < n:
+        labels = _assign(everything, c)
     return c.numpy(), labels.numpy()
