@@ -6,6 +6,8 @@ and Niantic's SPZ library (its WebAssembly build, which splat-transform ships).
   is asserted; the formats that reorder are matched by nearest centre);
 - tilesplat's outputs load in splat-transform: its ``--stats json`` per-column statistics
   equal tilesplat's of the same file;
+- splat-transform reads no .glb: tilesplat's is checked against the .glb splat-transform
+  writes of the same PLY (the same document and values);
 - the SPZ frame: splat-transform and Niantic's library (default options) read tilesplat's
   SPZ with the PLY's axes, as they write them (docs/formats.md).
 
@@ -211,3 +213,46 @@ def test_spz_frame_is_the_plys_in_splat_transform_and_niantics_library(tmp_path,
         assert np.allclose(pos["RUB"], ours, atol=1e-6)  # its nominal frame: taken as stored
         assert np.allclose(pos["RDF"], ours * [1, -1, -1], atol=1e-6)  # asked for RDF: flips
 
+
+
+def _glb_attributes(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The JSON of a .glb (less its generator and byte offsets) and each attribute's values."""
+    raw = path.read_bytes()
+    jlen = int.from_bytes(raw[12:16], "little")
+    doc = json.loads(raw[20 : 20 + jlen])
+    binary = raw[20 + jlen + 8 :]
+    prim = doc["meshes"][0]["primitives"][0]
+    kinds = {5126: np.float32, 5121: np.uint8}
+    width = {"SCALAR": 1, "VEC3": 3, "VEC4": 4}
+    values = {}
+    for name, i in prim["attributes"].items():
+        acc = doc["accessors"][i]
+        view = doc["bufferViews"][acc["bufferView"]]
+        start = view.get("byteOffset", 0) + acc.get("byteOffset", 0)
+        dtype = np.dtype(kinds[acc["componentType"]])
+        count = acc["count"] * width[acc["type"]]
+        values[name] = np.frombuffer(binary, dtype, count, start).reshape(acc["count"], -1)
+    doc["asset"].pop("generator")
+    for acc in doc["accessors"]:
+        acc.pop("byteOffset", None)
+    doc.pop("bufferViews"), doc.pop("buffers")
+    return doc, values
+
+
+def test_tilesplats_glb_is_what_splat_transform_writes(tmp_path, model):
+    """splat-transform 3.7.0 reads no .glb, so tilesplat's is checked against its writer:
+    the same glTF document (attributes, accessors, the extension's properties, POSITION's
+    bounds) and the same values of every attribute (float32; rotations as principal axes,
+    see _axes; COLOR_0, 8 bits, within one step)."""
+    src = save_gaussians(tmp_path / "in.ply", model)
+    theirs_doc, theirs = _glb_attributes(convert(src, tmp_path / "theirs.glb"))
+    ours_doc, ours = _glb_attributes(save_gaussians(tmp_path / "ours.glb", model))
+    assert ours_doc == theirs_doc
+    for name, v in theirs.items():
+        if name.endswith(":ROTATION"):  # glTF's (x, y, z, w) as (w, x, y, z)
+            err = _axes(torch.from_numpy(ours[name][:, [3, 0, 1, 2]]),
+                        torch.from_numpy(v[:, [3, 0, 1, 2]]))  # fmt: skip
+            assert err < 1e-5, name
+        else:
+            tol = 1 if name == "COLOR_0" else 1e-5
+            assert np.abs(ours[name].astype(np.float64) - v).max() <= tol, name
