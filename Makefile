@@ -52,7 +52,7 @@ $(SPLAT_TRANSFORM):
 
 test: $(STAMP) $(CHROMIUM) $(SPLAT_TRANSFORM)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 -q
+	TILESPLAT_SPLAT_TRANSFORM_DIR="$(SPLAT_TRANSFORM_DIR)" $(BIN)/python -m pytest -n 2 -q
 
 train: $(STAMP)
 	$(BIN)/tilesplat train
