@@ -7,10 +7,10 @@ colours as the DC band) with SH degree 3 (``Scene.sh_coeffs(3)``: bands 1-3 smal
 values, so that no format gets an all-zero SH for free). With ``--model FILE`` any splat file
 or run (what ``tilesplat view`` opens) is measured instead.
 
-Each format is written once with ``save_gaussians`` (the write time), then loaded
-``--repeats`` times with ``read_gaussians`` (parse, decode, checks, float32 tensors); the
-median load time is printed. What each format keeps, and the bound of every field, are in
-docs/formats.md and the tests.
+Each format is written once with ``save_gaussians`` (the write time; a gsplat checkpoint with
+``save_gsplat_checkpoint``), then loaded ``--repeats`` times with ``read_gaussians`` (parse,
+decode, checks, float32 tensors); the median load time is printed. What each format keeps,
+and the bound of every field, are in docs/formats.md and the tests.
 
     python scripts/format_sizes.py --repeats 3
 """
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from tilesplat.io.gaussians import FORMATS, read_gaussians, save_gaussians
+from tilesplat.io.gaussians import ARRAY_NAMES, FORMATS, read_gaussians, save_gaussians
+from tilesplat.io.gsplat_ckpt import read_gsplat_checkpoint, save_gsplat_checkpoint
 
 
 def garden_model() -> dict[str, torch.Tensor]:
@@ -66,22 +67,27 @@ def main() -> None:
           f"{torch.get_num_threads()}, CPUs {os.cpu_count()}")  # fmt: skip
     print("| format | file | size (MB) | bytes / Gaussian | write (s) | load (s) |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
+    rows = [(fmt.name, "meta.json" if suffix == "meta.json" else f"garden{suffix}",
+             lambda p: save_gaussians(p, g), lambda p: read_gaussians(p).gaussians)
+            for suffix, fmt in FORMATS.items()]  # fmt: skip
+    rows.append(("gsplat-ckpt", "ckpts/ckpt_0_rank0.pt",
+                 lambda p: save_gsplat_checkpoint(p, *[g[k] for k in ARRAY_NAMES]),
+                 lambda p: read_gsplat_checkpoint(p)[0].gaussians))  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for suffix, fmt in FORMATS.items():
-            folder = Path(tmp) / fmt.name
-            folder.mkdir()
-            path = folder / ("meta.json" if suffix == "meta.json" else f"garden{suffix}")
+        for name, file, save, load in rows:
+            path = Path(tmp) / name / file
+            path.parent.mkdir(parents=True)
             start = time.perf_counter()
-            save_gaussians(path, g)
+            save(path)
             write = time.perf_counter() - start
             loads = []
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                back = read_gaussians(path).gaussians
+                back = load(path)
                 loads.append(time.perf_counter() - start)
-            assert back["means"].shape == g["means"].shape, fmt.name
+            assert back["means"].shape == g["means"].shape, name
             size = file_bytes(path)
-            print(f"| {fmt.name} | `{path.name}` | {size / 1e6:.2f} | {size / n:.1f} | "
+            print(f"| {name} | `{path.name}` | {size / 1e6:.2f} | {size / n:.1f} | "
                   f"{write:.2f} | {statistics.median(loads):.3f} |")  # fmt: skip
 
 
