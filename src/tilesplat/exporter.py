@@ -6,162 +6,35 @@
 - ``splat``: antimatter15's 32-byte records, written by :func:`tilesplat.io.splat.save_splat`
   (largest Gaussians first, rounded colours; gsplat orders by Morton code and truncates).
 - ``ply_compressed``: PlayCanvas SuperSplat's compressed PLY, byte for byte as gsplat writes
-  it: Gaussians with opacity above 1/255, sorted by the Morton code of their centre, in
-  chunks of 256 that store the bounds of position, log-scale and colour as floats and each
-  Gaussian as four packed 32-bit words (position 11-10-11, rotation smallest-three 2+10+10+10,
-  log-scale 11-10-11, colour+opacity 8-8-8-8), then the higher SH bands as bytes.
+  it (:mod:`tilesplat.io.compressed_ply` packs it): Gaussians with opacity above 1/255, sorted
+  by the Morton code of their centre, in chunks of 256 that store the bounds of position,
+  log-scale and colour as floats and each Gaussian as four packed 32-bit words (position
+  11-10-11, rotation smallest-three 2+10+10+10, log-scale 11-10-11, colour+opacity 8-8-8-8),
+  then the higher SH bands as bytes. ``tilesplat.io`` reads it back (``load_gaussians``).
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from .constants import SH_C0
 from .io.atomic import atomic_write_bytes
+from .io.compressed_ply import (  # noqa: F401 - gsplat.exporter's names
+    encode_morton3_vec,
+    pack_8888,
+    pack_111011,
+    pack_rotation,
+    pack_unorm,
+    part1by2_vec,
+    sh2rgb,
+    sort_centers,
+    splat2ply_bytes_compressed,
+)
 from .io.ply import save_ply
 from .io.splat import save_splat
-
-CHUNK = 256
-
-
-def sh2rgb(sh: torch.Tensor) -> torch.Tensor:
-    """Degree-0 SH coefficients to RGB: ``sh · C0 + 0.5`` (any shape)."""
-    return sh * SH_C0 + 0.5
-
-
-def part1by2_vec(x: torch.Tensor) -> torch.Tensor:
-    """The low 10 bits of each integer spread to every third bit (bit i -> bit 3i). [N]"""
-    x = x & 0x3FF
-    for shift, mask in ((16, 0xFF0000FF), (8, 0x0300F00F), (4, 0x030C30C3), (2, 0x09249249)):
-        x = (x ^ (x << shift)) & mask
-    return x
-
-
-def encode_morton3_vec(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """30-bit Morton codes of 10-bit integer coordinates, z highest. [N] each -> [N]"""
-    return (part1by2_vec(z) << 2) + (part1by2_vec(y) << 1) + part1by2_vec(x)
-
-
-def sort_centers(centers: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``indices`` [N] reordered by the Morton code of ``centers`` [N, 3] scaled to the
-    bounding box on a 1024 grid (the box's far faces wrap to 0, as in gsplat)."""
-    lo = centers.min(dim=0).values
-    extent = centers.max(dim=0).values - lo
-    extent = torch.where(extent == 0, torch.ones_like(extent), extent)
-    grid = ((centers - lo) / extent * 1024).floor().to(torch.int32)
-    codes = encode_morton3_vec(grid[:, 0], grid[:, 1], grid[:, 2])
-    return indices[torch.argsort(codes).to(indices.device)]
-
-
-def pack_unorm(value: torch.Tensor, bits: int) -> torch.Tensor:
-    """Values in [0, 1] rounded to ``bits``-bit unsigned integers (int64), clamped. [N]"""
-    top = (1 << bits) - 1
-    return torch.clamp((value * top + 0.5).floor(), 0, top).to(torch.int64)
-
-
-def pack_111011(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Three unit values in one 32-bit word: x 11 bits (high), y 10, z 11. [N] -> [N]"""
-    return (pack_unorm(x, 11) << 21) | (pack_unorm(y, 10) << 11) | pack_unorm(z, 11)
-
-
-def pack_8888(
-    x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, w: torch.Tensor
-) -> torch.Tensor:
-    """Four unit values in one 32-bit word, 8 bits each, x highest. [N] -> [N]"""
-    return (
-        (pack_unorm(x, 8) << 24) | (pack_unorm(y, 8) << 16) | (pack_unorm(z, 8) << 8)
-        | pack_unorm(w, 8)
-    )
-
-
-def pack_rotation(q: torch.Tensor) -> torch.Tensor:
-    """Quaternions [N, 4] as 32-bit words: the index of the largest component (2 bits, made
-    positive) and the other three, scaled by sqrt(2)/2 into [0, 1], in 10 bits each. [N]"""
-    q = q / torch.linalg.norm(q, dim=-1, keepdim=True)
-    largest = torch.argmax(q.abs(), dim=-1)  # [N]
-    sign = torch.where(q.gather(1, largest[:, None]) < 0, -1.0, 1.0)
-    q = q * sign
-    others = torch.tensor([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]], device=q.device)
-    rest = q.gather(1, others[largest])  # [N, 3]
-    packed = pack_unorm(rest * (math.sqrt(2) * 0.5) + 0.5, 10)
-    return (largest.to(torch.int64) << 30) | (packed[:, 0] << 20) | (packed[:, 1] << 10) | (
-        packed[:, 2]
-    )
-
-
-def _chunk_bounds(x: torch.Tensor, chunk_of: torch.Tensor, n_chunks: int):
-    """Per-chunk min and max [n_chunks, D] of rows ``x`` [N, D]."""
-    shape = (n_chunks, x.shape[1])
-    idx = chunk_of[:, None].expand_as(x)
-    lo = torch.full(shape, math.inf, dtype=x.dtype).scatter_reduce(0, idx, x, "amin")
-    hi = torch.full(shape, -math.inf, dtype=x.dtype).scatter_reduce(0, idx, x, "amax")
-    return lo, hi
-
-
-def splat2ply_bytes_compressed(
-    means: torch.Tensor,  # [N, 3]
-    scales: torch.Tensor,  # [N, 3], log
-    quats: torch.Tensor,  # [N, 4]
-    opacities: torch.Tensor,  # [N], logits
-    sh0: torch.Tensor,  # [N, 3]
-    shN: torch.Tensor,  # [N, 3 * (K - 1)], channel-major
-    chunk_max_size: int = 256,
-    opacity_threshold: float = 1 / 255,
-) -> bytes:
-    """SuperSplat's compressed PLY of the Gaussians whose opacity exceeds the threshold."""
-    keep = torch.sigmoid(opacities) > opacity_threshold
-    means, scales, quats = means[keep], scales[keep], quats[keep]
-    opacities, colors, shN = opacities[keep], sh2rgb(sh0[keep]), shN[keep]
-    n = means.shape[0]
-    n_chunks = -(-n // chunk_max_size)
-    order = sort_centers(means, torch.arange(n))
-    means, scales, quats = means[order], scales[order], quats[order]
-    opacities, colors, shN = opacities[order], colors[order], shN[order]
-    chunk_of = torch.arange(n) // chunk_max_size
-
-    m_lo, m_hi = _chunk_bounds(means, chunk_of, n_chunks)
-    s_lo, s_hi = _chunk_bounds(scales, chunk_of, n_chunks)
-    s_lo, s_hi = s_lo.clamp(-20, 20), s_hi.clamp(-20, 20)
-    c_lo, c_hi = _chunk_bounds(colors, chunk_of, n_chunks)
-    chunks = torch.cat([m_lo, m_hi, s_lo, s_hi, c_lo, c_hi], dim=1)  # [n_chunks, 18]
-
-    def unit(x, lo, hi):
-        return (x - lo[chunk_of]) / (hi[chunk_of] - lo[chunk_of])
-
-    pos, scl, col = unit(means, m_lo, m_hi), unit(scales, s_lo, s_hi), unit(colors, c_lo, c_hi)
-    words = torch.stack([
-        pack_111011(pos[:, 0], pos[:, 1], pos[:, 2]),
-        pack_rotation(quats),
-        pack_111011(scl[:, 0], scl[:, 1], scl[:, 2]),
-        pack_8888(col[:, 0], col[:, 1], col[:, 2], torch.sigmoid(opacities)),
-    ], dim=1)  # [N, 4]
-    sh_bytes = torch.clamp(torch.trunc((shN / 8 + 0.5) * 256), 0, 255).to(torch.uint8)
-
-    bounds = ["min_x", "min_y", "min_z", "max_x", "max_y", "max_z",
-              "min_scale_x", "min_scale_y", "min_scale_z",
-              "max_scale_x", "max_scale_y", "max_scale_z",
-              "min_r", "min_g", "min_b", "max_r", "max_g", "max_b"]
-    header = (
-        "ply\nformat binary_little_endian 1.0\n"
-        f"element chunk {n_chunks}\n" + "".join(f"property float {p}\n" for p in bounds)
-        + f"element vertex {n}\n"
-        + "".join(f"property uint {p}\n" for p in
-                  ("packed_position", "packed_rotation", "packed_scale", "packed_color"))
-        + f"element sh {n}\n"
-        + "".join(f"property uchar f_rest_{j}\n" for j in range(shN.shape[1]))
-        + "end_header\n"
-    )
-    return b"".join([
-        header.encode("ascii"),
-        chunks.detach().cpu().numpy().astype("<f4").tobytes(),
-        words.cpu().numpy().astype("<u4").tobytes(),
-        sh_bytes.cpu().numpy().tobytes(),
-    ])
 
 
 def _via_file(write, suffix: str) -> bytes:

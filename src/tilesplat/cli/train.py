@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", metavar="RUN", help="continue the run in folder RUN from its newest checkpoint"
     )
     parser.add_argument(
+        "--init",
+        metavar="FILE",
+        help="start from the Gaussians of FILE: any splat file (docs/formats.md) or a gsplat "
+        "checkpoint (ckpts/ckpt_N_rank0.pt or its result folder); sets init_file",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         default=1,
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.resume:
-        if args.config or args.data or args.images:
+        if args.config or args.data or args.images or args.init:
             raise ValueError("--resume takes the run's own config; use --set to change keys")
         job = (None, args.resume, list(args.overrides))
     else:
@@ -89,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         if args.data:
             cfg = apply_overrides(cfg, [f"data={args.data}"])
         cfg = apply_overrides(cfg, args.overrides)
+        if args.init:
+            init = Path(args.init).expanduser()
+            if not init.exists():
+                raise FileNotFoundError(f"--init {args.init}: no such file or folder")
+            cfg = apply_overrides(cfg, [f"init_file={init.resolve()}"])
         if args.images:
             if args.data:
                 raise ValueError("give --images (photos) or --data (a dataset), not both")

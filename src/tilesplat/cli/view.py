@@ -1,18 +1,21 @@
-"""``tilesplat view``: look at a run, a checkpoint or a splat file in the browser."""
+"""``tilesplat view``: look at a run, a checkpoint (tilesplat's or gsplat's) or any splat file
+of :mod:`tilesplat.io.gaussians` (.ply, .compressed.ply, .splat, .spz, .sog, meta.json, .glb)
+in the browser."""
 
 from __future__ import annotations
 
 import argparse
 
 COMMAND = "view"
-HELP = "view a run, checkpoint, .ply, .splat or .spz in the browser (pip install tilesplat[viewer])"
+HELP = ("view a run, checkpoint or splat file (.ply, .compressed.ply, .splat, .spz, .sog, "
+        "meta.json, .glb) in the browser (pip install tilesplat[viewer])")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
         metavar="RUN_OR_FILE",
-        help="run folder, checkpoint (.pt) or splat file (.ply, .splat, .spz)",
+        help="run folder, checkpoint (.pt, tilesplat's or gsplat's) or splat file",
     )
     parser.add_argument(
         "--host",
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-side must be at least 16, got {args.max_side}")
     require_viser()  # before loading a large model
     model = open_model(args.source)
+    for note in model.notes:
+        print(f"note: {note}")
     print(f"loaded {model.source}")
     server = ViewServer(
         model.gaussians,

@@ -1,25 +1,58 @@
-"""Checks every splat file format shares: the five arrays a writer takes, the count and the
-values a reader decodes.
+"""Checks every splat file format shares: the five arrays a writer takes, and the untrusted-
+input discipline of every reader.
 
 Every reader returns, and every writer takes, the raw parameters of the trainer:
 ``means`` [N, 3], ``quats`` [N, 4] (w, x, y, z), ``log_scales`` [N, 3], ``opacity_logits``
 [N] and ``sh`` [N, K, 3] with K = (degree + 1)^2, float32 in the 3DGS / COLMAP frame. The
-format modules (``ply``, ``splat``, ``spz``) import these checks; the suffix table of
-:mod:`.gaussians` imports the format modules, so nothing here imports either.
+format modules import these checks; the suffix table of :mod:`.gaussians` imports the format
+modules, so nothing here imports either.
+
+A file a user hands us is untrusted. Readers follow four rules, with the helpers below:
+
+- every count and size is checked against the bytes the file holds *before* anything of that
+  size is allocated (:func:`check_count`, :class:`Cursor`): there is no fixed Gaussian limit,
+  the file's length is the limit;
+- decompression never produces more than the header says is needed, and a header claiming
+  more than :data:`MAX_EXPANSION` times the file's size is refused as a bomb
+  (:func:`check_expansion`, :func:`inflate`, :func:`unzstd`);
+- decoded values are finite and quaternions non-zero, or the error names the field and the
+  Gaussian (:func:`check_finite`);
+- any failure is a ``ValueError`` naming the file; :func:`malformed` turns the errors of the
+  decoders underneath (zlib, zstd, JSON, zip, WebP) into one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-# Refuse files that claim more Gaussians than this before allocating anything (the SPZ
-# reference library refuses the same count).
-MAX_GAUSSIANS = 10_000_000
 ARRAY_NAMES = ("means", "quats", "log_scales", "opacity_logits", "sh")
+# Refuse a compressed stream whose header claims more than this many bytes per compressed
+# byte. Deflate cannot exceed ~1032:1; Niantic's SPZ library bounds its point count with the
+# same 1024 (a zstd stream of one repeated byte can go further, but no Gaussian file does: its
+# positions alone do not compress that far).
+MAX_EXPANSION = 1024
+_CHUNK = 1 << 22  # decompress in 4 MiB steps: memory follows what the stream really holds
+
+
+@dataclass
+class SplatData:
+    """What a reader found: the five arrays, whether the model was trained antialiased (the
+    file says so: PLY comment, SPZ flag, SOG meta), and notes on what it ignored."""
+
+    gaussians: dict[str, torch.Tensor]
+    antialiased: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 def as_arrays(
@@ -53,26 +86,194 @@ def as_arrays(
     return out
 
 
+def sh_degree(arrays: dict[str, np.ndarray]) -> int:
+    """The SH degree of ``arrays['sh']`` [N, K, 3]."""
+    return math.isqrt(arrays["sh"].shape[1]) - 1
+
+
+def check_writable(arrays: dict[str, np.ndarray], fmt: str, max_degree: int) -> None:
+    """What a lossy writer needs: at least one Gaussian, finite values, non-zero quaternions
+    and an SH degree the format holds (``ValueError`` naming the format)."""
+    if len(arrays["means"]) < 1:
+        raise ValueError(f"{fmt}: no Gaussians to write")
+    if sh_degree(arrays) > max_degree:
+        raise ValueError(f"sh: {fmt} holds SH degree 0-{max_degree}, got {sh_degree(arrays)}")
+    check_finite(Path(fmt), arrays, "Gaussians for")
+
+
 def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """float32 contiguous tensors of the five arrays."""
     return {k: torch.from_numpy(np.ascontiguousarray(arrays[k], np.float32)) for k in ARRAY_NAMES}
 
 
-def check_count(path: Path, n: int) -> None:
-    """A claimed Gaussian count is usable: at least 1 and at most :data:`MAX_GAUSSIANS`."""
+def read_file(path: Path, what: str) -> bytes:
+    """The bytes of ``path`` (``FileNotFoundError`` naming ``what`` when it is missing)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    return path.read_bytes()
+
+
+def check_count(path: Path, n: int, available: int, bytes_each: float, what: str = "") -> None:
+    """A claimed Gaussian count is at least 1 and its ``bytes_each`` bytes apiece fit in the
+    ``available`` bytes of the file (the only limit on the count)."""
     if n < 1:
         raise ValueError(f"{path}: the file holds no Gaussians")
-    if n > MAX_GAUSSIANS:
-        raise ValueError(f"{path}: {n} Gaussians is more than the {MAX_GAUSSIANS} supported")
+    need = n * bytes_each
+    if need > available:
+        raise ValueError(
+            f"{path}: {what or 'the header'} claims {n} Gaussians, which need {need:.0f} bytes; "
+            f"the file has {available}"
+        )
 
 
-def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Every decoded value is finite and every quaternion non-zero."""
+def check_expansion(path: Path, need: int, compressed: int, what: str) -> None:
+    """Refuse a header whose ``need`` decompressed bytes exceed :data:`MAX_EXPANSION` times
+    the ``compressed`` bytes it comes from."""
+    if need > MAX_EXPANSION * max(compressed, 1):
+        raise ValueError(
+            f"{path}: {what} claims {need} bytes from {compressed} compressed bytes "
+            f"(more than {MAX_EXPANSION}x): refused as a decompression bomb"
+        )
+
+
+class Cursor:
+    """Reads an untrusted byte string front to back; every read names what it wanted and
+    fails (``ValueError`` naming the file) rather than run past the end."""
+
+    def __init__(self, path: Path, data: bytes | memoryview, offset: int = 0) -> None:
+        self.path, self.data, self.pos = path, memoryview(data), offset
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or n > self.left:
+            raise ValueError(
+                f"{self.path}: truncated: {what} needs {n} bytes at offset {self.pos}, "
+                f"{self.left} remain"
+            )
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple:
+        return fmt.unpack(self.take(fmt.size, what))
+
+
+def inflate(path: Path, data: bytes, limit: int, wbits: int = 16 + zlib.MAX_WBITS) -> bytes:
+    """At most ``limit`` bytes of a zlib/gzip stream, in bounded steps (a small file cannot
+    expand into gigabytes); fewer when the stream ends first."""
+    d = zlib.decompressobj(wbits)
+    out = bytearray()
+    try:
+        while len(out) < limit:
+            chunk = d.decompress(data, min(_CHUNK, limit - len(out)))
+            data = d.unconsumed_tail
+            if not chunk:
+                break
+            out += chunk
+    except zlib.error as exc:
+        raise ValueError(f"{path}: corrupt gzip stream ({exc})") from None
+    return bytes(out)
+
+
+def unzstd(path: Path, data: bytes | memoryview, size: int, what: str) -> bytes:
+    """Exactly ``size`` bytes decompressed from one zstd frame ``data`` (``ValueError`` when
+    it holds fewer, more, or is corrupt), produced in bounded steps: one zstd block can expand
+    32768-fold, so output is pulled with a size limit rather than input pushed. The caller
+    checks the bomb ratio over the whole file (:func:`check_expansion`): a single stream of a
+    real model may be one repeated byte."""
+    out = bytearray()
+    try:  # Python 3.14's standard library
+        from compression import zstd  # type: ignore[import-not-found]
+
+        dec, error = zstd.ZstdDecompressor(), zstd.ZstdError
+
+        def pull(n: int, first: list[bytes]) -> bytes:
+            if dec.eof:
+                return b""
+            return dec.decompress(first.pop() if first else b"", max_length=n)
+
+    except ImportError:
+        try:
+            import zstandard
+        except ImportError:  # pragma: no cover - a declared dependency below Python 3.14
+            raise ImportError(
+                "SPZ version 4 files are zstd streams: pip install zstandard"
+            ) from None
+        reader = zstandard.ZstdDecompressor().stream_reader(bytes(data))
+        error = zstandard.ZstdError
+
+        def pull(n: int, first: list[bytes]) -> bytes:
+            return reader.read(n)
+
+    pending = [bytes(data)]
+    try:
+        while len(out) <= size:
+            chunk = pull(min(_CHUNK, size + 1 - len(out)), pending)
+            if not chunk:
+                break
+            out += chunk
+    except error as exc:
+        raise ValueError(f"{path}: corrupt zstd stream in {what} ({exc})") from None
+    if len(out) != size:
+        got = "more than " + str(size) if len(out) > size else str(len(out))
+        raise ValueError(f"{path}: {what} decompresses to {got} bytes; the header says {size}")
+    return bytes(out)
+
+
+def zstd_compress(data: bytes, level: int = 12) -> bytes:
+    """One zstd frame of ``data`` with its content size recorded (level 12, as Niantic's
+    library writes)."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found]
+
+        return zstd.compress(data, level)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:  # pragma: no cover - a declared dependency below Python 3.14
+        raise ImportError("writing SPZ version 4 needs zstd: pip install zstandard") from None
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def check_finite(path: Path, arrays: dict[str, np.ndarray], prefix: str = "") -> None:
+    """Every decoded value is finite and every quaternion non-zero (``ValueError`` naming the
+    field and the first Gaussian at fault)."""
+    where = f"{prefix} {path}".strip()
     for name, arr in arrays.items():
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.argwhere(bad.reshape(len(arr), -1).any(axis=1))[0, 0])
-            raise ValueError(f"{path}: {name} of Gaussian {i} is not finite")
+            raise ValueError(f"{where}: {name} of Gaussian {i} is not finite")
     zero = ~np.any(arrays["quats"] != 0.0, axis=1)
     if zero.any():
-        raise ValueError(f"{path}: the rotation of Gaussian {int(np.argmax(zero))} is zero")
+        raise ValueError(f"{where}: the rotation of Gaussian {int(np.argmax(zero))} is zero")
+
+
+def decoded(path: Path, arrays: dict[str, np.ndarray], antialiased: bool = False,
+            notes: list[str] | None = None) -> SplatData:
+    """The reader's result: ``arrays`` checked finite, as float32 tensors."""
+    arrays = {k: np.asarray(arrays[k], np.float32) for k in ARRAY_NAMES}
+    check_finite(path, arrays)
+    return SplatData(to_tensors(arrays), antialiased, list(notes or []))
+
+
+@contextlib.contextmanager
+def malformed(path: Path, fmt: str) -> Iterator[None]:
+    """Turn the errors of a decoder underneath (JSON, zip, zlib, struct, a WebP image, a
+    bad index) into one ``ValueError`` naming the file and its format."""
+    try:
+        yield
+    except (FileNotFoundError, ImportError):
+        raise
+    except ValueError as exc:  # ours name the file; NumPy's and JSON's do not
+        if str(path) in str(exc):
+            raise
+        raise ValueError(f"{path}: malformed {fmt} file ({exc})") from None
+    except (json.JSONDecodeError, zipfile.BadZipFile, zlib.error, struct.error, OSError,
+            KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError,
+            RecursionError, EOFError, NotImplementedError) as exc:  # fmt: skip
+        raise ValueError(f"{path}: malformed {fmt} file ({type(exc).__name__}: {exc})") from None

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..constants import SH_C0
-from ._checks import as_arrays, check_count, check_finite, to_tensors
+from ._checks import SplatData, as_arrays, check_count, decoded, read_file
 from .atomic import atomic_writer
 
 RECORD = np.dtype(
@@ -44,8 +44,10 @@ def save_splat(
     log_scales: torch.Tensor,  # [N, 3]
     opacity_logits: torch.Tensor,  # [N]
     sh: torch.Tensor,  # [N, K, 3]; only sh[:, 0] is kept
+    antialiased: bool = False,
 ) -> Path:
-    """Write Gaussians as a ``.splat`` file, atomically; returns the path."""
+    """Write Gaussians as a ``.splat`` file, atomically; returns the path. The layout has no
+    antialiased flag: ``antialiased`` is accepted and not recorded."""
     a = as_arrays(means, quats, log_scales, opacity_logits, sh)
     norms = np.linalg.norm(a["quats"], axis=1, keepdims=True)
     if not np.all(norms > 0):
@@ -66,7 +68,7 @@ def save_splat(
     return path
 
 
-def load_splat(path: str | Path) -> dict[str, torch.Tensor]:
+def read_splat(path: str | Path) -> SplatData:
     """Read a ``.splat`` file (see the module docstring) as raw parameters, SH degree 0.
 
     Raises:
@@ -75,28 +77,32 @@ def load_splat(path: str | Path) -> dict[str, torch.Tensor]:
             Gaussians, non-finite values, scales <= 0 or a zero quaternion.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f".splat file not found: {path}")
-    size = path.stat().st_size
-    if size % RECORD.itemsize:
+    raw = read_file(path, ".splat")
+    if len(raw) % RECORD.itemsize:
         raise ValueError(
-            f"{path}: not a .splat file: {size} bytes is not a multiple of the "
+            f"{path}: not a .splat file: {len(raw)} bytes is not a multiple of the "
             f"{RECORD.itemsize}-byte record"
         )
-    check_count(path, size // RECORD.itemsize)
-    rec = np.fromfile(path, dtype=RECORD)
+    check_count(path, len(raw) // RECORD.itemsize, len(raw), RECORD.itemsize)
+    rec = np.frombuffer(raw, dtype=RECORD)
     scales = rec["scale"].astype(np.float32)
     if not np.all(scales > 0):  # also catches NaN
         i = int(np.argmax(~(scales > 0).all(axis=1)))
         raise ValueError(f"{path}: the scale of Gaussian {i} is not a positive number")
     rgba = rec["rgba"].astype(np.float32) / 255.0
     alpha = np.clip(rgba[:, 3], _ALPHA_EPS, 1.0 - _ALPHA_EPS)
+    with np.errstate(over="ignore"):
+        log_scales = np.log(scales)
     arrays = {
         "means": rec["position"].astype(np.float32),
         "quats": (rec["rot"].astype(np.float32) - 128.0) / 128.0,
-        "log_scales": np.log(scales),
+        "log_scales": log_scales,
         "opacity_logits": np.log(alpha / (1.0 - alpha)).astype(np.float32),
         "sh": ((rgba[:, None, :3] - 0.5) / SH_C0).astype(np.float32),
     }
-    check_finite(path, arrays)
-    return to_tensors(arrays)
+    return decoded(path, arrays)
+
+
+def load_splat(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a ``.splat`` file (see :func:`read_splat`)."""
+    return read_splat(path).gaussians

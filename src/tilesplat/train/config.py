@@ -138,6 +138,13 @@ class TrainConfig:
         "model",
         INITS,
     )
+    init_file: str = _f(
+        "",
+        "start from the Gaussians of this file instead (train --init FILE): any splat file "
+        "tilesplat reads (docs/formats.md) or a gsplat checkpoint; SH bands above sh_degree "
+        "are dropped, missing ones start at zero; init and the init_* keys are then unused",
+        "model",
+    )
     init_points: int = _f(10_000, "number of random initial Gaussians", "model")
     init_extent: float = _f(
         1.0,

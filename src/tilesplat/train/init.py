@@ -1,4 +1,5 @@
-"""Initial Gaussians: from a point cloud (COLMAP) or random points in the scene box.
+"""Initial Gaussians: from a point cloud (COLMAP), random points in the scene box, or the
+Gaussians of a splat file or gsplat checkpoint (``init_file``, ``train --init FILE``).
 
 Parameters are stored as the optimiser sees them (gsplat's simple trainer layout):
 ``means`` [N, 3], ``scales`` [N, 3] (log of the standard deviations), ``quats`` [N, 4]
@@ -9,6 +10,7 @@ Parameters are stored as the optimiser sees them (gsplat's simple trainer layout
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -119,12 +121,53 @@ def random_points(n: int, center: Tensor, half_size: float) -> tuple[Tensor, Ten
     return points, torch.rand(n, 3)
 
 
+@torch.no_grad()
+def gaussians_from_file(path: str | Path, sh_degree: int) -> dict[str, Tensor]:
+    """The parameters of the Gaussians in a splat file (any of ``tilesplat.io.gaussians``)
+    or a gsplat checkpoint file or result folder, with ``sh_degree``'s bands: higher ones
+    dropped, missing ones zero.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: a malformed file, or a tilesplat checkpoint (use ``--resume``).
+    """
+    from ..io.gaussians import read_gaussians, suffix_of
+    from ..io.gsplat_ckpt import load_checkpoint_dict, read_gsplat_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"init_file: nothing at {path}")
+    if path.is_file() and suffix_of(path) is not None:
+        g = read_gaussians(path).gaussians
+    else:
+        if path.is_file() and "format" in (load_checkpoint_dict(path) or {}):
+            raise ValueError(f"init_file {path}: a tilesplat checkpoint; continue its run with "
+                             "--resume, or export it (tilesplat export CKPT --to ply) and "
+                             "start from the PLY")  # fmt: skip
+        g = read_gsplat_checkpoint(path)[0].gaussians
+    k = (sh_degree + 1) ** 2
+    sh = g["sh"][:, :k]
+    if sh.shape[1] < k:
+        sh = torch.cat([sh, torch.zeros(len(sh), k - sh.shape[1], 3)], dim=1)
+    return {
+        "means": g["means"].clone(),
+        "scales": g["log_scales"].clone(),
+        "quats": g["quats"].clone(),
+        "opacities": g["opacity_logits"].clone(),
+        "sh0": sh[:, :1].clone(),
+        "shN": sh[:, 1:].clone(),
+    }
+
+
 def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset) -> dict[str, Tensor]:
-    """Initial 3DGS parameters from the dataset's points, or random in the box the cameras
-    see (``init``, ``init_points``, ``init_extent``; the model kind adapts them).
+    """Initial 3DGS parameters from a file (``init_file``), the dataset's points, or random
+    in the box the cameras see (``init``, ``init_points``, ``init_extent``; the model kind
+    adapts them).
 
     Draws from the global torch RNG (seeded by the trainer).
     """
+    if cfg.init_file:
+        return gaussians_from_file(cfg.init_file, cfg.sh_degree)
     has_points = dataset.points is not None and len(dataset.points) > 0
     if cfg.init == "points" and not has_points:
         raise ValueError("init = 'points' but the dataset has no point cloud; use init = 'random'")

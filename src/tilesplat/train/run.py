@@ -156,13 +156,13 @@ def write_outputs(
     if history is not None:
         save_curve(history, run_dir / "curve.png")
     if cfg.save_ply:
-        export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply")
+        export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply", cfg.antialiased)
     return metrics
 
 
-def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
+def export_ply(params: dict[str, Tensor], path: str | Path, antialiased: bool = False) -> Path:
     """Write the parameters as a 3DGS PLY file (a model kind's ``export`` gives them as the
-    file holds them)."""
+    file holds them); an antialiased model gets the ``SplatRenderMode: mip`` comment."""
     from ..io.ply import save_ply
 
     path = Path(path)
@@ -176,6 +176,7 @@ def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
             cpu["scales"],
             cpu["opacities"],
             torch.cat([cpu["sh0"], cpu["shN"]], dim=1),
+            antialiased=antialiased,
         )
     return path
 

@@ -1,0 +1,329 @@
+"""glTF 2.0 binary files (``.glb``) with Khronos's ``KHR_gaussian_splatting`` extension.
+
+A point primitive (``mode`` 0) of one mesh carries the Gaussians as vertex attributes::
+
+    POSITION                                     VEC3 float  the mean
+    KHR_gaussian_splatting:ROTATION              VEC4        unit quaternion (x, y, z, w)
+    KHR_gaussian_splatting:SCALE                 VEC3        linear scales (not logs), >= 0
+    KHR_gaussian_splatting:OPACITY               SCALAR      in [0, 1] (the sigmoid applied)
+    KHR_gaussian_splatting:SH_DEGREE_0_COEF_0    VEC3 float  dc coefficients, as in a PLY
+    KHR_gaussian_splatting:SH_DEGREE_l_COEF_m    VEC3 float  degrees 1-3, m = 0 .. 2l
+    COLOR_0                                      VEC4 ubyte  optional point-cloud fallback
+
+and the primitive's extension object names the kernel (``ellipse``) and colour space
+(``srgb_rec709_display``). ROTATION, SCALE and OPACITY may be normalised integers as the
+spec allows; tilesplat writes float32 everywhere, so the file keeps every value but the
+logs and logits (float32 ``exp`` / ``sigmoid`` of them). glTF's frame is ``LUF`` (+y up,
++z forward, -x right): tilesplat turns its ``RDF`` Gaussians a half turn about z on write and
+back on read, as splat-transform's writer does (:mod:`.frames`).
+
+Read: every Gaussian primitive of the file, concatenated; a node transform, a sparse or
+external buffer, or a required extension other than this one is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..constants import SH_C0
+from ._checks import (
+    Cursor,
+    SplatData,
+    as_arrays,
+    check_writable,
+    decoded,
+    malformed,
+    read_file,
+    sh_degree,
+)
+from .atomic import atomic_writer
+from .frames import GLTF_FRAME, PLY_FRAME, change_frame
+
+EXT = "KHR_gaussian_splatting"
+MAGIC = 0x46546C67  # "glTF"
+CHUNK_JSON = 0x4E4F534A
+CHUNK_BIN = 0x004E4942
+_COMPONENTS = {5120: ("i1", 127.0), 5121: ("u1", 255.0), 5122: ("<i2", 32767.0),
+               5123: ("<u2", 65535.0), 5125: ("<u4", None), 5126: ("<f4", None)}  # fmt: skip
+_WIDTH = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4}
+_IDENTITY = {"matrix": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1],
+             "translation": [0, 0, 0], "rotation": [0, 0, 0, 1], "scale": [1, 1, 1]}  # fmt: skip
+_OPACITY_EPS = 1e-7
+
+
+def _sh_names(degree: int) -> list[str]:
+    """Attribute names of the SH coefficients 0 .. (degree + 1)^2 - 1, in order."""
+    return [f"{EXT}:SH_DEGREE_{d}_COEF_{m}" for d in range(degree + 1) for m in range(2 * d + 1)]
+
+
+def encode_glb(
+    means: torch.Tensor,  # [N, 3]
+    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
+    log_scales: torch.Tensor,  # [N, 3]
+    opacity_logits: torch.Tensor,  # [N]
+    sh: torch.Tensor,  # [N, K, 3], degree <= 3
+) -> bytes:
+    """The ``.glb`` bytes of the Gaussians (see the module docstring)."""
+    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    check_writable(a, "glTF KHR_gaussian_splatting", 3)
+    if (a["log_scales"] > 88.0).any():
+        raise ValueError("log_scales: a scale above exp(88) does not fit a float32 SCALE")
+    a = change_frame(a, PLY_FRAME, GLTF_FRAME)
+    n = len(a["means"])
+    q = a["quats"].astype(np.float64)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    opacity = 1.0 / (1.0 + np.exp(-a["opacity_logits"].astype(np.float64)))
+    rgba = np.concatenate([0.5 + SH_C0 * a["sh"][:, 0, :], opacity[:, None]], axis=1)
+    attrs: list[tuple[str, np.ndarray, int, str, bool]] = [
+        ("POSITION", a["means"], 5126, "VEC3", False),
+        ("COLOR_0", np.clip(np.round(rgba * 255), 0, 255).astype(np.uint8), 5121, "VEC4", True),
+        (f"{EXT}:ROTATION", q[:, [1, 2, 3, 0]], 5126, "VEC4", False),
+        (f"{EXT}:SCALE", np.exp(a["log_scales"].astype(np.float64)), 5126, "VEC3", False),
+        (f"{EXT}:OPACITY", opacity, 5126, "SCALAR", False),
+    ]
+    for j, name in enumerate(_sh_names(sh_degree(a))):
+        attrs.append((name, a["sh"][:, j, :], 5126, "VEC3", False))
+    views, accessors, attributes, blobs, offset = [], [], {}, [], 0
+    for i, (name, arr, ctype, kind, norm) in enumerate(attrs):
+        data = np.ascontiguousarray(arr, _COMPONENTS[ctype][0]).tobytes()
+        views.append({"buffer": 0, "byteOffset": offset, "byteLength": len(data),
+                      "target": 34962})  # fmt: skip
+        acc = {"bufferView": i, "componentType": ctype, "count": n, "type": kind}
+        if norm:
+            acc["normalized"] = True
+        if name == "POSITION":
+            acc["min"] = a["means"].min(0).tolist()
+            acc["max"] = a["means"].max(0).tolist()
+        accessors.append(acc)
+        attributes[name] = i
+        pad = -len(data) % 4
+        blobs.append(data + bytes(pad))
+        offset += len(data) + pad
+    gltf = {
+        "asset": {"version": "2.0", "generator": "tilesplat"},
+        "extensionsUsed": [EXT],
+        "scene": 0,
+        "scenes": [{"nodes": [0]}],
+        "nodes": [{"mesh": 0}],
+        "meshes": [{"primitives": [{
+            "attributes": attributes, "mode": 0,
+            "extensions": {EXT: {"kernel": "ellipse", "colorSpace": "srgb_rec709_display",
+                                 "sortingMethod": "cameraDistance",
+                                 "projection": "perspective"}},
+        }]}],
+        "buffers": [{"byteLength": offset}],
+        "bufferViews": views,
+        "accessors": accessors,
+    }  # fmt: skip
+    js = json.dumps(gltf, separators=(",", ":")).encode("utf-8")
+    js += b" " * (-len(js) % 4)
+    total = 12 + 8 + len(js) + 8 + offset
+    return b"".join([struct.pack("<III", MAGIC, 2, total), struct.pack("<II", len(js), CHUNK_JSON),
+                     js, struct.pack("<II", offset, CHUNK_BIN), *blobs])  # fmt: skip
+
+
+def save_glb(
+    path: str | Path,
+    means: torch.Tensor,  # [N, 3]
+    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
+    log_scales: torch.Tensor,  # [N, 3]
+    opacity_logits: torch.Tensor,  # [N]
+    sh: torch.Tensor,  # [N, K, 3], degree <= 3
+    antialiased: bool = False,
+) -> Path:
+    """Write Gaussians as a ``.glb``, atomically. The extension has no antialiased flag:
+    ``antialiased`` is accepted and not recorded."""
+    data = encode_glb(means, quats, log_scales, opacity_logits, sh)
+    path = Path(path)
+    with atomic_writer(path) as f:
+        f.write(data)
+    return path
+
+
+class _Gltf:
+    def __init__(self, path: Path, doc: dict, binary: memoryview | None) -> None:
+        self.path, self.doc, self.bin = path, doc, binary
+
+    def get(self, key: str, i: object) -> dict:
+        items = self.doc.get(key)
+        if (not isinstance(items, list) or isinstance(i, bool) or not isinstance(i, int)
+                or not 0 <= i < len(items) or not isinstance(items[i], dict)):  # fmt: skip
+            raise ValueError(f"{self.path}: glTF {key}[{i!r}] does not exist")
+        return items[i]
+
+    def accessor(self, index: object, what: str) -> tuple[np.ndarray, int]:
+        """(values [count, width] float64, count) of accessor ``index``."""
+        acc = self.get("accessors", index)
+        if "sparse" in acc:
+            raise ValueError(f"{self.path}: {what}: sparse accessors are not supported")
+        ctype, kind, count = acc.get("componentType"), acc.get("type"), acc.get("count")
+        if ctype not in _COMPONENTS or kind not in _WIDTH:
+            raise ValueError(f"{self.path}: {what}: component type {ctype!r} / type {kind!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{self.path}: {what}: count {count!r}")
+        view = self.get("bufferViews", acc.get("bufferView"))
+        if view.get("buffer") != 0 or self.bin is None:
+            raise ValueError(f"{self.path}: {what}: only the GLB's own binary chunk is read")
+        if "uri" in self.get("buffers", 0):
+            raise ValueError(f"{self.path}: {what}: external buffers are not supported")
+        code, scale = _COMPONENTS[ctype]
+        width = _WIDTH[kind]
+        item = np.dtype(code).itemsize * width
+        stride = view.get("byteStride", item)
+        v_off, v_len, a_off = view.get("byteOffset", 0), view.get("byteLength"), acc.get(
+            "byteOffset", 0)
+        ints = (stride, v_off, v_len, a_off)
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in ints) or (
+            stride < item
+        ):
+            raise ValueError(f"{self.path}: {what}: malformed buffer view or offsets")
+        if v_off + v_len > len(self.bin) or a_off + stride * (count - 1) + item > v_len:
+            raise ValueError(f"{self.path}: {what}: {count} values of {item} bytes do not fit "
+                             f"the buffer view ({v_len} bytes)")  # fmt: skip
+        start = v_off + a_off
+        rows = np.lib.stride_tricks.as_strided(
+            np.frombuffer(self.bin, np.uint8, count=stride * (count - 1) + item, offset=start),
+            (count, item), (stride, 1))  # fmt: skip
+        values = np.ascontiguousarray(rows).view(code).reshape(count, width).astype(np.float64)
+        if acc.get("normalized") and scale is not None:
+            values = np.maximum(values / scale, -1.0)
+        return values, count
+
+
+def _parse(path: Path, raw: bytes) -> _Gltf:
+    cur = Cursor(path, raw)
+    magic, version, length = cur.unpack(struct.Struct("<III"), "the GLB header")
+    if magic != MAGIC:
+        raise ValueError(f"{path}: not a .glb file (magic {magic:#010x})")
+    if version != 2:
+        raise ValueError(f"{path}: glTF binary version {version}; 2 is read")
+    if length > len(raw):
+        raise ValueError(f"{path}: truncated .glb: the header says {length} bytes, "
+                         f"the file has {len(raw)}")  # fmt: skip
+    cur.data = cur.data[:length]
+    size, kind = cur.unpack(struct.Struct("<II"), "the JSON chunk header")
+    if kind != CHUNK_JSON:
+        raise ValueError(f"{path}: the first GLB chunk is not JSON")
+    doc = json.loads(bytes(cur.take(size, "the JSON chunk")))
+    binary = None
+    if cur.left >= 8:
+        size, kind = cur.unpack(struct.Struct("<II"), "the BIN chunk header")
+        if kind == CHUNK_BIN:
+            binary = cur.take(size, "the BIN chunk")
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: the glTF JSON is not an object")
+    return _Gltf(path, doc, binary)
+
+
+def read_glb(path: str | Path) -> SplatData:
+    """Read the Gaussians of a ``.glb`` with ``KHR_gaussian_splatting`` primitives as raw
+    parameters in the 3DGS frame.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError (naming the file): not a GLB, no Gaussian primitive, a missing or
+            malformed attribute, a node transform, an unsupported required extension, a
+            scale below zero or an opacity outside [0, 1], values that are not finite.
+    """
+    path = Path(path)
+    raw = read_file(path, ".glb")
+    notes: list[str] = []
+    with malformed(path, "glTF"):
+        g = _parse(path, raw)
+        required = [e for e in g.doc.get("extensionsRequired", []) if e != EXT]
+        if required:
+            raise ValueError(f"{path}: requires glTF extensions {required}, which tilesplat "
+                             "does not read")  # fmt: skip
+        for i, node in enumerate(g.doc.get("nodes", [])):
+            if isinstance(node, dict) and any(
+                k in node and node[k] != v for k, v in _IDENTITY.items()
+            ):
+                raise ValueError(f"{path}: node {i} has a transform; only untransformed "
+                                 "Gaussian primitives are read")  # fmt: skip
+        parts = []
+        for m, mesh in enumerate(g.doc.get("meshes", [])):
+            for p, prim in enumerate(mesh.get("primitives", []) if isinstance(mesh, dict) else []):
+                if isinstance(prim, dict) and EXT in (prim.get("extensions") or {}):
+                    parts.append(_primitive(g, prim, f"mesh {m} primitive {p}", notes))
+        if not parts:
+            raise ValueError(f"{path}: no primitive with the {EXT} extension")
+        k = max(part["sh"].shape[1] for part in parts)
+        for part in parts:  # primitives of lower SH degree get zero higher bands
+            pad = k - part["sh"].shape[1]
+            part["sh"] = np.concatenate([part["sh"], np.zeros((len(part["sh"]), pad, 3))], 1)
+        arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    arrays = change_frame(arrays, GLTF_FRAME, PLY_FRAME)
+    return decoded(path, arrays, False, notes)
+
+
+def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, np.ndarray]:
+    path = g.path
+    attrs = prim.get("attributes")
+    if not isinstance(attrs, dict):
+        raise ValueError(f"{path}: {where} has no attributes")
+    if prim.get("mode", 4) != 0:
+        notes.append(f"{path}: {where} is a Gaussian primitive not of mode POINTS; read anyway")
+    need = ["POSITION", f"{EXT}:ROTATION", f"{EXT}:SCALE", f"{EXT}:OPACITY"]
+    missing = [a for a in need if a not in attrs]
+    if missing:
+        raise ValueError(f"{path}: {where} lacks the attributes {missing}")
+    vals = {}
+    for name, width in zip(need, (3, 4, 3, 1), strict=True):
+        vals[name], n = g.accessor(attrs[name], f"{where} {name}")
+        if vals[name].shape[1] != width:
+            raise ValueError(f"{path}: {where} {name} has {vals[name].shape[1]} components, "
+                             f"not {width}")  # fmt: skip
+    counts = {len(v) for v in vals.values()}
+    degree = -1
+    while all(name in attrs for name in _sh_names(degree + 1)) and degree < 3:
+        degree += 1
+    sh_names = _sh_names(degree) if degree >= 0 else []
+    extra = [a for a in attrs if a.startswith(f"{EXT}:SH_DEGREE_") and a not in sh_names]
+    if extra:
+        raise ValueError(f"{path}: {where} has SH attributes of an incomplete degree: {extra}")
+    if degree < 0:
+        if "COLOR_0" not in attrs:
+            raise ValueError(f"{path}: {where} has neither SH_DEGREE_0_COEF_0 nor COLOR_0")
+        color, _ = g.accessor(attrs["COLOR_0"], f"{where} COLOR_0")
+        sh = ((color[:, :3] - 0.5) / SH_C0)[:, None, :]
+        notes.append(f"{path}: {where} has no SH; its colours come from COLOR_0")
+    else:
+        coeffs = []
+        for name in sh_names:
+            c, _ = g.accessor(attrs[name], f"{where} {name}")
+            if c.shape[1] != 3:
+                raise ValueError(f"{path}: {where} {name} is not a VEC3")
+            coeffs.append(c)
+        counts |= {len(c) for c in coeffs}
+        sh = np.stack(coeffs, axis=1)
+    counts.add(len(sh))
+    if len(counts) != 1:
+        raise ValueError(f"{path}: {where}'s attributes hold different counts {sorted(counts)}")
+    scale = vals[f"{EXT}:SCALE"]
+    if (scale <= 0).any() or not np.isfinite(scale).all():
+        i = int(np.argmax(~(scale > 0).all(1) | ~np.isfinite(scale).all(1)))
+        raise ValueError(f"{path}: {where}: the scale of Gaussian {i} is not a positive number")
+    opacity = vals[f"{EXT}:OPACITY"][:, 0]
+    if ((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)).any():
+        i = int(np.argmax((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)))
+        raise ValueError(f"{path}: {where}: the opacity of Gaussian {i} is not in [0, 1]")
+    opacity = np.clip(opacity, _OPACITY_EPS, 1 - _OPACITY_EPS)
+    return {
+        "means": vals["POSITION"],
+        "quats": vals[f"{EXT}:ROTATION"][:, [3, 0, 1, 2]],
+        "log_scales": np.log(scale),
+        "opacity_logits": np.log(opacity / (1 - opacity)),
+        "sh": sh,
+    }
+
+
+def load_glb(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a ``.glb`` (see :func:`read_glb`)."""
+    return read_glb(path).gaussians
+
+
