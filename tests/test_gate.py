@@ -53,6 +53,8 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert main([*argv, "--out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "[1/2] base r0 (seed 0)" in text and "[2/2] cand r0 (seed 0)" in text
+    assert "warm-up of base (2 steps, not counted): ok" in text
+    assert (tmp_path / "g" / "warmup-cand" / "metrics.json").is_file()
     assert "verdict: FAIL" in text and "below the base's" in text
     result = json.loads(out.read_text())
     assert result == json.loads((tmp_path / "g" / "gate.json").read_text())
@@ -80,7 +82,8 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
 def test_a_raising_run_is_reported_as_failed(configs, tmp_path, capsys):
     base = configs("base", steps=4)
     cand = configs("raises", steps=4, extra='init = "points"')  # the scene has no points
-    assert main(["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g")]) == 1
+    assert main(["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g"),
+                 "--no-warmup"]) == 1
     text = capsys.readouterr().out
     assert "FAILED cand r0" in text and "dataset has no point cloud" in text
     result = json.loads((tmp_path / "g" / "gate.json").read_text())

@@ -4,6 +4,8 @@
 interleaved (base, cand, base, cand, ...), repeat k with seed ``seed + k`` for both arms, each
 run in its own folder under ``out_dir`` and in its own process (``tilesplat train``,
 :mod:`.gate_runs`), so that every run pays the same start-up and a crash stays in its run.
+First a two-step run of each arm (``warmup-ARM``, not counted) compiles the kernels it needs
+into Numba's cache, so that no timed run pays their compilation.
 It then compares, per arm, the mean ± σ of the process wall time, the steps per second of
 training, the final test PSNR and SSIM and the Gaussian count, and pairs the repeats for the
 deltas (candidate / base - 1 of the wall time, candidate - base of the PSNR).
@@ -184,6 +186,7 @@ def run_gate(
     timeout: float | None = None,
     names: tuple[str, str] = ("base", "cand"),
     log: Log = print,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     """Trains both configs ``repeats`` times, interleaved; the gate's JSON-ready result.
 
@@ -193,6 +196,7 @@ def run_gate(
         seed: repeat k trains both arms with seed ``seed + k``.
         timeout: seconds a run may take before it is ended and counted as failed.
         names: how the arms are shown (e.g. their config files).
+        warmup: first a two-step run of each arm, not counted, that compiles its kernels.
     """
     check_gate_arguments(repeats, psnr_guard, timeout)
     out = Path(out_dir)
@@ -205,6 +209,12 @@ def run_gate(
         f"gate: base = {names[0]}, cand = {names[1]}; {repeats} repeat(s), seeds "
         f"{', '.join(str(seed + k) for k in range(repeats))}; {total} runs in {out}"
     )
+    for arm in ARMS if warmup else ():  # compile every kernel an arm runs before timing
+        warm = dataclasses.replace(configs[arm], steps=2, eval_every=1, save_ply=False,
+                                   save_renders=False, checkpoint_every=0)
+        row = run_one(warm, out / f"warmup-{arm}", timeout)
+        log(f"warm-up of {arm} (2 steps, not counted): "
+            + ("ok" if row["ok"] else f"FAILED: {row['error']}"))
     runs: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
     for k in range(repeats):
