@@ -33,6 +33,7 @@ from .metrics import psnr_of_mse, squared_error
 from .models import model_kind
 from .parallel import parallel_mode
 from .progress import Progress
+from .resolution import FramePyramid, downscale_factor
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
 from .stop import StopRequest
@@ -74,6 +75,7 @@ class Trainer:
         self.device = training_device(cfg)
         self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
         self.train_frames = device_frames(dataset.train, self.device)
+        self.pyramid = FramePyramid(self.train_frames)  # the images at the schedule's sizes
         self.model = model_kind(cfg)
         self.strategy = seams.strategy(cfg, self.model.gradient_key)
         self.scene_scale = float(dataset.scene_radius)
@@ -196,7 +198,8 @@ class Trainer:
         """
         cfg, par, strategy = self.cfg, self.parallel, self.strategy
         indices = par.my_cameras(self.batch_indices(step))
-        frames = [self.train_frames[i] for i in indices]
+        factor = downscale_factor(cfg, step)
+        frames = [self.pyramid.frame(i, factor) for i in indices]
         batch = make_batch(frames, self.background, cfg.random_background).to(self.device)
         res = optimization_step(
             self.params,
