@@ -62,6 +62,14 @@ def resolve_data(cfg: TrainConfig, log: Log = print) -> Path:
     """The dataset folder: ``data``, or the built-in scene written once into the cache."""
     if cfg.data:
         return Path(cfg.data).expanduser()
+    views = cfg.synthetic_train + cfg.synthetic_test
+    if cfg.synthetic_scene == "garden":
+        from ..data.garden_views import MARKER, write_garden_views_dataset
+
+        folder = cache_root(cfg) / f"garden-views-{views}"
+        if not (folder / MARKER).is_file():
+            log(f"writing the built-in garden scene to {folder} (once)")
+        return write_garden_views_dataset(folder, n_views=views)
     from ..data.synthetic import write_synthetic_dataset
 
     folder = cache_root(cfg) / (
@@ -90,8 +98,10 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
 
 
 def scene_name(cfg: TrainConfig) -> str:
-    """``synthetic`` for the built-in scene, else the dataset folder's name."""
-    return Path(cfg.data).expanduser().resolve().name if cfg.data else "synthetic"
+    """``synthetic`` (``garden-views``) for the built-in scenes, else the dataset folder's name."""
+    if cfg.data:
+        return Path(cfg.data).expanduser().resolve().name
+    return "garden-views" if cfg.synthetic_scene == "garden" else "synthetic"
 
 
 def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
