@@ -1,5 +1,5 @@
 """The fast recipe's parts: the resolution schedule, the budget strategy, the recipe presets,
-and the garden-views built-in scene."""
+the garden-views built-in scene and the early stop."""
 
 from __future__ import annotations
 
@@ -127,3 +127,45 @@ def test_the_garden_views_scene_loads_as_colmap(tmp_path):
     (tmp_path / "other" / "x.txt").write_text("x")
     with pytest.raises(ValueError, match="not a tilesplat garden-views dataset"):
         write_garden_views_dataset(tmp_path / "other", n_views=6)
+
+
+def test_plateaued_compares_the_last_evaluations_with_the_best_before():
+    from tilesplat.train.early_stop import plateaued
+
+    assert not plateaued([20.0, 21.0, 22.0], patience=0, min_db=0.0)  # off
+    assert not plateaued([20.0, 21.0], patience=2, min_db=0.0)  # too few
+    assert plateaued([20.0, 22.0, 21.9, 22.0], patience=2, min_db=0.01)
+    assert not plateaued([20.0, 22.0, 21.9, 22.02], patience=2, min_db=0.01)
+    assert not plateaued([20.0, 22.0, float("nan"), 21.0], patience=1, min_db=0.0)
+    with pytest.raises(ValueError, match="early_stop_patience = 3 needs eval_every > 0"):
+        TrainConfig(early_stop_patience=3).validate()
+    with pytest.raises(ValueError, match="early_stop_min_db must be a finite number >= 0"):
+        TrainConfig(early_stop_min_db=-1.0).validate()
+
+
+def test_a_run_stops_early_and_a_resume_stops_again_at_once(tmp_path):
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train.checkpoint import latest_checkpoint, load_checkpoint
+    from tilesplat.train.trainer import Trainer
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=16)
+    ds = load_dataset(folder)
+    # a rise of 100 dB never comes: the run stops at the third evaluation, step 6 of 40
+    cfg = TrainConfig(steps=40, init_points=100, sh_degree=0, eval_every=2, log_every=2,
+                      early_stop_patience=2, early_stop_min_db=100.0, progress=False,
+                      lpips=False, backend="torch").validate()
+    lines: list[str] = []
+    trainer = Trainer(cfg, ds, tmp_path / "run", log=lines.append)
+    trainer.train()
+    assert trainer.step == 6 and trainer.history["test_step"] == [2, 4, 6]
+    assert any("early stop at step 6" in line for line in lines)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert ckpt["step"] == 6
+    again = Trainer(cfg, ds, tmp_path / "run", checkpoint=ckpt, log=lines.append)
+    again.train()
+    assert again.step == 6
+    # without the early stop the same run goes on to its last step
+    cfg_off = TrainConfig(**{**cfg.__dict__, "early_stop_patience": 0, "steps": 10}).validate()
+    full = Trainer(cfg_off, ds, tmp_path / "run2", log=lines.append)
+    full.train()
+    assert full.step == 10

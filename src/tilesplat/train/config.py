@@ -120,6 +120,15 @@ class TrainConfig:
     eval_every: int = _f(
         0, "measure the test PSNR every n steps during training (0: only at the end)", "run"
     )
+    early_stop_patience: int = _f(
+        0,
+        "stop when the test PSNR (measured every eval_every steps) has not risen by "
+        "early_stop_min_db in this many evaluations; 0: run all the steps",
+        "run",
+    )
+    early_stop_min_db: float = _f(
+        0.02, "early stop: the smallest rise of the best test PSNR that counts, in dB", "run"
+    )
     save_renders: bool = _f(True, "write the test-view renders as PNG at the end", "run")
     save_ply: bool = _f(True, "write point_cloud.ply (3DGS layout) at the end", "run")
     progress: bool = _f(True, "show a progress line (steps/s, loss, PSNR, Gaussians)", "run")

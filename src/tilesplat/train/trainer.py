@@ -27,6 +27,7 @@ from . import seams
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .device import device_frames, training_device
+from .early_stop import should_stop
 from .history import TrainingLog
 from .init import initial_gaussians
 from .metrics import psnr_of_mse, squared_error
@@ -251,9 +252,11 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress)
         viewer = self._open_viewer()
+        # a run that stopped early (its history says so) and is resumed stops again at once
+        done = self.step >= cfg.steps or should_stop(cfg, self.history["test_psnr"])
         with StopRequest() as stop:
             try:
-                while self.step < cfg.steps:
+                while not done:
                     t0 = time.perf_counter()
                     loss, mse = self.train_step(self.step)
                     self.step += 1
@@ -261,8 +264,19 @@ class Trainer:
                     logged = self.step % cfg.log_every == 0 or self.step == cfg.steps
                     self.training_log.record(self.step, loss, mse, logged, self.elapsed,
                                              self.n_gaussians)
+                    done = self.step >= cfg.steps
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
                         self.training_log.record_test(self.step, self.elapsed, self.test_psnr())
+                        # every rank stops at the same step (ranks > 0 of a model-parallel
+                        # job measure nothing and follow rank 0)
+                        if self.parallel.any_rank(should_stop(cfg, self.history["test_psnr"])):
+                            progress.close()
+                            self.log(
+                                f"early stop at step {self.step}: the test PSNR rose less than "
+                                f"{cfg.early_stop_min_db} dB in the last "
+                                f"{cfg.early_stop_patience} evaluations"
+                            )
+                            done = True
                     # every rank stops at the same step, so that a checkpoint is whole
                     if self.parallel.any_rank(stop.requested):
                         progress.close()
