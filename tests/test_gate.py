@@ -72,6 +72,9 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert base_run["time_to_psnr_s"] <= base_run["curve"][-1][0]  # the base reaches its target
     assert cand_run["time_to_psnr_s"] is None and result["arms"]["cand"]["reached_psnr"] == 0
     assert "s to " in text and "(0/1)" in text
+    # each run's peak memory, from its metrics.json, and the paired change
+    assert all(r["peak_rss_mib"] > 50 for r in result["runs"])
+    assert result["deltas"]["peak_rss_pct"]["n"] == 1 and "peak MiB" in text
     png = read_image(tmp_path / "g" / "time_to_psnr.png")
     assert png.shape[:2] == (270, 360) and png.std() > 0.01  # a chart, not a blank
     # the gate refuses to reuse a folder that holds one

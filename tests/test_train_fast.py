@@ -46,11 +46,14 @@ def test_a_downscaled_frame_averages_pixels_and_keeps_pixel_centres():
 
 
 def test_the_pyramid_makes_each_level_once():
-    frames = [_frame(seed=i) for i in range(3)]
+    frames = [_frame(w=40, h=34, seed=i) for i in range(3)]
     pyr = FramePyramid(frames)
     assert pyr.frame(1, 1) is frames[1]
     a = pyr.frame(2, 2)
-    assert pyr.frame(2, 2) is a and a.width == 10
+    assert pyr.frame(2, 2) is a and (a.width, a.height) == (20, 17)
+    # no coarse image under 16 pixels a side (the SSIM window is 11): 1/4 would give 10x8
+    assert pyr.max_factor == 2 and pyr.frame(2, 4) is a
+    assert FramePyramid([_frame(w=20, h=12)]).max_factor == 1
 
 
 def test_schedule_keys_are_checked():

@@ -37,7 +37,8 @@ from .gate_runs import Log, run_one
 
 SCHEMA = "tilesplat.gate/1"
 ARMS = ("base", "cand")
-METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians", "time_to_psnr_s")
+METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians", "peak_rss_mib",
+           "time_to_psnr_s")
 # how many test evaluations a run makes when its config asks for none during training
 EVAL_POINTS = 20
 # the time to PSNR is to the base's mean final test PSNR minus this
@@ -138,6 +139,13 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
                 p["cand"]["time_to_psnr_s"] / p["base"]["time_to_psnr_s"]
                 for p in pairs
                 if p["cand"]["time_to_psnr_s"] is not None and p["base"]["time_to_psnr_s"]
+            ]
+        ),
+        "peak_rss_pct": _stats(
+            [
+                100.0 * (p["cand"]["peak_rss_mib"] / p["base"]["peak_rss_mib"] - 1.0)
+                for p in pairs
+                if p["cand"].get("peak_rss_mib") and p["base"].get("peak_rss_mib")
             ]
         ),
         "pairs": len(pairs),
@@ -325,6 +333,12 @@ def format_gate(result: dict[str, Any]) -> str:
             _pm(arms["base"]["gaussians"], ".0f"),
             _pm(arms["cand"]["gaussians"], ".0f"),
             "",
+        ),
+        (
+            "peak MiB",
+            _pm(arms["base"]["peak_rss_mib"], ".0f"),
+            _pm(arms["cand"]["peak_rss_mib"], ".0f"),
+            _pm(d["peak_rss_pct"], "+.1f") + " %" if d["peak_rss_pct"]["n"] else "-",
         ),
         (
             "runs ok",

@@ -139,7 +139,8 @@ def train_process(
 
 
 def read_metrics(path: Path) -> dict[str, float]:
-    """psnr, ssim, gaussians, steps and train seconds of a run's ``metrics.json``.
+    """psnr, ssim, gaussians, steps, train seconds and peak memory (MiB, None when not
+    recorded) of a run's ``metrics.json``.
 
     Raises:
         ValueError: missing, not JSON, or a field of the wrong type.
@@ -160,6 +161,9 @@ def read_metrics(path: Path) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {key} is not a number ({value!r})")
         out[name] = float(value)
+    peak = data.get("peak_rss_mib")  # absent from runs of older versions, None on Windows
+    out["peak_rss_mib"] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
+        peak, bool) else None
     return out
 
 
@@ -226,6 +230,7 @@ def run_one(
         "psnr": m["psnr"],
         "ssim": m["ssim"],
         "gaussians": int(m["gaussians"]),
+        "peak_rss_mib": m["peak_rss_mib"],
         # the test PSNR during training, then at the end (the metrics' own evaluation)
         "curve": curve if curve and curve[-1][1] == m["steps"]
         else [*curve, [m["train_s"], m["steps"], m["psnr"]]],

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from ..data.frames import Frame
 from . import seams
 
+MIN_SIDE = 16  # the smallest side of a coarse image, in pixels
+
 if TYPE_CHECKING:
     from .config import TrainConfig
 
@@ -79,14 +81,25 @@ def downscaled(frame: Frame, factor: int) -> Frame:
 
 
 class FramePyramid:
-    """The training frames at each downscale factor a run uses, made on first use."""
+    """The training frames at each downscale factor a run uses, made on first use.
+
+    A factor is capped so that no coarse image is under ``MIN_SIDE`` pixels on a side (the
+    SSIM window of the loss is 11 pixels): small images train at a smaller factor, or at full
+    size.
+    """
 
     def __init__(self, frames: Sequence[Frame]) -> None:
         self.frames = list(frames)
         self._levels: dict[int, list[Frame | None]] = {1: list(self.frames)}
+        side = min((min(f.width, f.height) for f in self.frames), default=MIN_SIDE)
+        self.max_factor = 1
+        while side // (2 * self.max_factor) >= MIN_SIDE:
+            self.max_factor *= 2
 
     def frame(self, index: int, factor: int) -> Frame:
-        """Frame ``index`` at 1 / ``factor`` of its size (the frame itself at 1)."""
+        """Frame ``index`` at 1 / ``factor`` of its size (the frame itself at 1), the factor
+        capped at :attr:`max_factor`."""
+        factor = min(factor, self.max_factor)
         level = self._levels.setdefault(factor, [None] * len(self.frames))
         got = level[index]
         if got is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,7 @@ def write_outputs(
         "n_gaussians": len(params["means"]),
         "train_seconds": train_seconds,
         "render_seconds_per_view": result["seconds_per_view"],
+        "peak_rss_mib": peak_rss_mib(),
         "views": result["views"],
     }
     atomic_write_bytes(run_dir / "metrics.json", json.dumps(metrics, indent=1).encode("utf-8"))
@@ -168,6 +170,17 @@ def write_outputs(
     if cfg.save_ply:
         export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply")
     return metrics
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far in MiB (the kernel's high-water mark), or
+    None where the platform does not report it."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes there, KiB here
 
 
 def export_ply(params: dict[str, Tensor], path: str | Path) -> Path:
