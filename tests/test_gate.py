@@ -11,6 +11,7 @@ import pytest
 from tilesplat.bench.gate import summarize_gate
 from tilesplat.bench.gate_runs import error_of, run_one
 from tilesplat.cli import main
+from tilesplat.io.images import read_image
 from tilesplat.train.config import TrainConfig
 
 TINY = """\
@@ -52,6 +53,8 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert main([*argv, "--out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "[1/2] base r0 (seed 0)" in text and "[2/2] cand r0 (seed 0)" in text
+    assert "warm-up of base (2 steps, not counted): ok" in text
+    assert (tmp_path / "g" / "warmup-cand" / "metrics.json").is_file()
     assert "verdict: FAIL" in text and "below the base's" in text
     result = json.loads(out.read_text())
     assert result == json.loads((tmp_path / "g" / "gate.json").read_text())
@@ -61,6 +64,19 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert result["deltas"]["psnr_db"]["mean"] < -1.0
     assert result["arms"]["cand"]["config"]["steps"] == 4
     assert result["runs"][0]["code"]["source"].endswith("src")
+    # evaluated during training (40 / EVAL_POINTS = every 2 steps) for the time to PSNR
+    base_run, cand_run = result["runs"]
+    assert [c[1] for c in base_run["curve"]] == [float(s) for s in range(2, 41, 2)]
+    assert [c[1] for c in cand_run["curve"]] == [1.0, 2.0, 3.0, 4.0]  # at least every step
+    assert result["target_psnr_db"] == pytest.approx(base_run["psnr"] - 0.1)
+    assert base_run["time_to_psnr_s"] <= base_run["curve"][-1][0]  # the base reaches its target
+    assert cand_run["time_to_psnr_s"] is None and result["arms"]["cand"]["reached_psnr"] == 0
+    assert "s to " in text and "(0/1)" in text
+    # each run's peak memory, from its metrics.json, and the paired change
+    assert all(r["peak_rss_mib"] > 50 for r in result["runs"])
+    assert result["deltas"]["peak_rss_pct"]["n"] == 1 and "peak MiB" in text
+    png = read_image(tmp_path / "g" / "time_to_psnr.png")
+    assert png.shape[:2] == (270, 360) and png.std() > 0.01  # a chart, not a blank
     # the gate refuses to reuse a folder that holds one
     assert main(argv) == 2
     assert "--out-dir" in capsys.readouterr().err
@@ -69,7 +85,8 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
 def test_a_raising_run_is_reported_as_failed(configs, tmp_path, capsys):
     base = configs("base", steps=4)
     cand = configs("raises", steps=4, extra='init = "points"')  # the scene has no points
-    assert main(["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g")]) == 1
+    assert main(["gate", base, cand, "--repeats", "1", "--out-dir", str(tmp_path / "g"),
+                 "--no-warmup"]) == 1
     text = capsys.readouterr().out
     assert "FAILED cand r0" in text and "dataset has no point cloud" in text
     result = json.loads((tmp_path / "g" / "gate.json").read_text())
@@ -107,11 +124,30 @@ def test_a_run_past_its_timeout_is_ended_and_failed(tmp_path, monkeypatch):
     assert row["wall_s"] < 30
 
 
-def _row(arm, repeat, psnr, ok=True, wall=10.0):
+def _row(arm, repeat, psnr, ok=True, wall=10.0, curve=None):
     if not ok:
         return {"arm": arm, "repeat": repeat, "ok": False, "error": "boom", "wall_s": wall}
     return {"arm": arm, "repeat": repeat, "ok": True, "wall_s": wall, "train_s": wall - 1,
-            "steps_per_s": 100 / (wall - 1), "psnr": psnr, "ssim": 0.9, "gaussians": 1000}
+            "steps_per_s": 100 / (wall - 1), "psnr": psnr, "ssim": 0.9, "gaussians": 1000,
+            "curve": curve if curve is not None else [[wall - 1, 100.0, psnr]]}
+
+
+def test_time_to_psnr_is_to_the_base_final_minus_a_tenth():
+    """The target is the base's mean final PSNR - 0.1 dB; each run's time is its first test
+    evaluation at or above it; the ratio pairs the repeats."""
+    base = [[2.0, 10, 25.0], [4.0, 20, 29.95], [8.0, 40, 30.0]]
+    runs = [_row("base", 0, 30.0, wall=9, curve=base),
+            _row("cand", 0, 30.0, wall=5, curve=[[1.0, 10, 29.0], [2.0, 20, 29.9],
+                                                 [4.0, 40, 30.0]]),
+            _row("base", 1, 30.2, wall=9, curve=[[3.0, 10, 30.05], [8.0, 40, 30.2]]),
+            _row("cand", 1, 29.0, wall=5, curve=[[4.0, 40, 29.0]])]
+    res = summarize_gate(runs, psnr_guard=2.0)
+    assert res["target_psnr_db"] == pytest.approx(30.0)
+    assert [r["time_to_psnr_s"] for r in runs] == [8.0, 4.0, 3.0, None]
+    assert res["arms"]["base"]["reached_psnr"] == 2 and res["arms"]["cand"]["reached_psnr"] == 1
+    assert res["arms"]["cand"]["time_to_psnr_s"]["mean"] == pytest.approx(4.0)
+    assert res["deltas"]["time_to_psnr_ratio"]["mean"] == pytest.approx(0.5)  # only repeat 0
+    assert res["deltas"]["time_to_psnr_ratio"]["n"] == 1
 
 
 def test_verdicts_and_paired_deltas():

@@ -4,9 +4,18 @@
 interleaved (base, cand, base, cand, ...), repeat k with seed ``seed + k`` for both arms, each
 run in its own folder under ``out_dir`` and in its own process (``tilesplat train``,
 :mod:`.gate_runs`), so that every run pays the same start-up and a crash stays in its run.
+First a two-step run of each arm (``warmup-ARM``, not counted) compiles the kernels it needs
+into Numba's cache, so that no timed run pays their compilation.
 It then compares, per arm, the mean ± σ of the process wall time, the steps per second of
 training, the final test PSNR and SSIM and the Gaussian count, and pairs the repeats for the
 deltas (candidate / base - 1 of the wall time, candidate - base of the PSNR).
+
+Every run also evaluates its test views during training (every ``steps / EVAL_POINTS`` steps
+when its config evaluates only at the end), and the gate reports, per arm, the **time to
+PSNR**: the training time at which a run's test PSNR first reaches the base's mean final PSNR
+minus ``TARGET_MARGIN_DB`` (how much sooner a recipe gets to the same quality), with the
+paired ratio candidate / base, and draws ``time_to_psnr.png`` (test PSNR against training
+time, every run) in the gate's folder.
 
 The verdict is FAIL when any run failed (it is reported with its error, never dropped) or
 when the candidate's mean PSNR is more than ``psnr_guard`` dB below the base's; else PASS.
@@ -23,11 +32,17 @@ from typing import Any
 
 from ..io.atomic import atomic_write_bytes
 from ..train.config import TrainConfig
+from .gate_plot import save_time_to_psnr
 from .gate_runs import Log, run_one
 
 SCHEMA = "tilesplat.gate/1"
 ARMS = ("base", "cand")
-METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians")
+METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians", "peak_rss_mib",
+           "time_to_psnr_s")
+# how many test evaluations a run makes when its config asks for none during training
+EVAL_POINTS = 20
+# the time to PSNR is to the base's mean final test PSNR minus this
+TARGET_MARGIN_DB = 0.1
 
 
 def check_gate_arguments(repeats: int, psnr_guard: float, timeout: float | None) -> None:
@@ -66,11 +81,33 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+def time_to(curve: list[list[float]], target: float) -> float | None:
+    """The first training time of ``curve`` ([seconds, step, PSNR] rows) whose PSNR reaches
+    ``target``; None when none does."""
+    return next((t for t, _, psnr in curve if psnr >= target), None)
+
+
+def with_evaluations(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` evaluating its test views during training: its own ``eval_every``, else every
+    ``steps / EVAL_POINTS`` steps (at least 1)."""
+    if cfg.eval_every:
+        return cfg
+    return dataclasses.replace(cfg, eval_every=max(1, cfg.steps // EVAL_POINTS))
+
+
 def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, Any]:
     """Per-arm statistics, paired deltas and the verdict of the gate's ``runs``.
 
-    Each run is a row of :func:`run_one` with ``arm`` and ``repeat`` added.
+    Each run is a row of :func:`run_one` with ``arm`` and ``repeat`` added. A run's
+    ``time_to_psnr_s`` (set here) is when its test PSNR first reached the base's mean final
+    PSNR minus ``TARGET_MARGIN_DB`` (None if it never did, or before the base has a run).
     """
+    base_ok = [r["psnr"] for r in runs if r["arm"] == "base" and r["ok"]]
+    target = statistics.fmean(base_ok) - TARGET_MARGIN_DB if base_ok else None
+    for r in runs:
+        if r["ok"]:
+            r["time_to_psnr_s"] = (None if target is None
+                                   else time_to(r.get("curve") or [], target))
     arms = {}
     for arm in ARMS:
         ok = [r for r in runs if r["arm"] == arm and r["ok"]]
@@ -78,6 +115,7 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
             "runs": sum(r["arm"] == arm for r in runs),
             "ok": len(ok),
             **{k: _stats([r[k] for r in ok if r.get(k) is not None]) for k in METRICS},
+            "reached_psnr": sum(r.get("time_to_psnr_s") is not None for r in ok),
         }
     by_repeat: dict[int, dict[str, dict[str, Any]]] = {}
     for r in runs:
@@ -96,6 +134,20 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
             ]
         ),
         "psnr_db": _stats([p["cand"]["psnr"] - p["base"]["psnr"] for p in pairs]),
+        "time_to_psnr_ratio": _stats(
+            [
+                p["cand"]["time_to_psnr_s"] / p["base"]["time_to_psnr_s"]
+                for p in pairs
+                if p["cand"]["time_to_psnr_s"] is not None and p["base"]["time_to_psnr_s"]
+            ]
+        ),
+        "peak_rss_pct": _stats(
+            [
+                100.0 * (p["cand"]["peak_rss_mib"] / p["base"]["peak_rss_mib"] - 1.0)
+                for p in pairs
+                if p["cand"].get("peak_rss_mib") and p["base"].get("peak_rss_mib")
+            ]
+        ),
         "pairs": len(pairs),
     }
     reasons = []
@@ -125,6 +177,7 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
     return {
         "arms": arms,
         "deltas": deltas,
+        "target_psnr_db": target,
         "verdict": "FAIL" if reasons else "PASS",
         "reasons": reasons,
         "notes": notes,
@@ -141,6 +194,7 @@ def run_gate(
     timeout: float | None = None,
     names: tuple[str, str] = ("base", "cand"),
     log: Log = print,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     """Trains both configs ``repeats`` times, interleaved; the gate's JSON-ready result.
 
@@ -150,17 +204,25 @@ def run_gate(
         seed: repeat k trains both arms with seed ``seed + k``.
         timeout: seconds a run may take before it is ended and counted as failed.
         names: how the arms are shown (e.g. their config files).
+        warmup: first a two-step run of each arm, not counted, that compiles its kernels.
     """
     check_gate_arguments(repeats, psnr_guard, timeout)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    configs = {"base": base.validate(), "cand": cand.validate()}
+    configs = {"base": with_evaluations(base.validate()),
+               "cand": with_evaluations(cand.validate())}
     label = dict(zip(ARMS, names, strict=True))
     total = 2 * repeats
     log(
         f"gate: base = {names[0]}, cand = {names[1]}; {repeats} repeat(s), seeds "
         f"{', '.join(str(seed + k) for k in range(repeats))}; {total} runs in {out}"
     )
+    for arm in ARMS if warmup else ():  # compile every kernel an arm runs before timing
+        warm = dataclasses.replace(configs[arm], steps=2, eval_every=1, save_ply=False,
+                                   save_renders=False, checkpoint_every=0)
+        row = run_one(warm, out / f"warmup-{arm}", timeout)
+        log(f"warm-up of {arm} (2 steps, not counted): "
+            + ("ok" if row["ok"] else f"FAILED: {row['error']}"))
     runs: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
     for k in range(repeats):
@@ -203,6 +265,7 @@ def run_gate(
                 "finished": i == total,
             }
             write_json(result, out / "gate.json")  # after every run: a partial gate survives
+            save_time_to_psnr(result, out / "time_to_psnr.png")
     return result
 
 
@@ -219,6 +282,11 @@ def _pm(s: dict[str, Any], fmt: str) -> str:
     if s["mean"] is None:
         return "-"
     return f"{s['mean']:{fmt}} ± {s['std']:{fmt.lstrip('+')}}"
+
+
+def _reached(arm: dict[str, Any]) -> str:
+    """The arm's time to PSNR, and how many of its runs reached it."""
+    return f"{_pm(arm['time_to_psnr_s'], '.1f')} ({arm['reached_psnr']}/{arm['ok']})"
 
 
 def format_gate(result: dict[str, Any]) -> str:
@@ -254,10 +322,23 @@ def format_gate(result: dict[str, Any]) -> str:
         ),
         ("test SSIM", _pm(arms["base"]["ssim"], ".4f"), _pm(arms["cand"]["ssim"], ".4f"), ""),
         (
+            "s to " + ("-" if result.get("target_psnr_db") is None
+                       else f"{result['target_psnr_db']:.2f} dB"),
+            _reached(arms["base"]),
+            _reached(arms["cand"]),
+            _pm(d["time_to_psnr_ratio"], ".2f") + " x" if d["time_to_psnr_ratio"]["n"] else "-",
+        ),
+        (
             "Gaussians",
             _pm(arms["base"]["gaussians"], ".0f"),
             _pm(arms["cand"]["gaussians"], ".0f"),
             "",
+        ),
+        (
+            "peak MiB",
+            _pm(arms["base"]["peak_rss_mib"], ".0f"),
+            _pm(arms["cand"]["peak_rss_mib"], ".0f"),
+            _pm(d["peak_rss_pct"], "+.1f") + " %" if d["peak_rss_pct"]["n"] else "-",
         ),
         (
             "runs ok",

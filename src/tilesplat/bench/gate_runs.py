@@ -1,6 +1,7 @@
 """The runs of a gate (:mod:`.gate`): one ``tilesplat train`` in a child process of its own,
 with a heartbeat of its progress, ended when it runs past its timeout, and its row: exit
-status, wall time, the error line of a failed run, or the metrics of a finished one.
+status, wall time, the error line of a failed run, or the metrics of a finished one and its
+test PSNR over training time (``curve``).
 
 A child process per run, rather than the trainer called here, so that every run pays the same
 start-up (imports, kernel cache) and a crash or a hang stays in its run.
@@ -138,7 +139,8 @@ def train_process(
 
 
 def read_metrics(path: Path) -> dict[str, float]:
-    """psnr, ssim, gaussians, steps and train seconds of a run's ``metrics.json``.
+    """psnr, ssim, gaussians, steps, train seconds and peak memory (MiB, None when not
+    recorded) of a run's ``metrics.json``.
 
     Raises:
         ValueError: missing, not JSON, or a field of the wrong type.
@@ -159,7 +161,34 @@ def read_metrics(path: Path) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {key} is not a number ({value!r})")
         out[name] = float(value)
+    peak = data.get("peak_rss_mib")  # absent from runs of older versions, None on Windows
+    out["peak_rss_mib"] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
+        peak, bool) else None
     return out
+
+
+def read_test_curve(path: Path) -> list[list[float]]:
+    """[training seconds, step, test PSNR] of every evaluation during a run (``history.json``'s
+    ``test_time``, ``test_step``, ``test_psnr``), in order; [] when it evaluated only at the end.
+
+    Raises:
+        ValueError: missing, not JSON, or lists of other lengths or types.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: no readable history ({exc})") from exc
+    cols = [data.get(k) if isinstance(data, dict) else None
+            for k in ("test_time", "test_step", "test_psnr")]
+    if not all(isinstance(c, list) for c in cols) or len({len(c) for c in cols}) != 1:
+        raise ValueError(f"{path}: test_time, test_step and test_psnr are not lists of one length")
+    curve = []
+    for t, step, psnr in zip(*cols, strict=True):
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (t, step, psnr)):
+            raise ValueError(f"{path}: a test evaluation is not numbers ({t!r}, {step!r}, "
+                             f"{psnr!r})")
+        curve.append([float(t), float(step), float(psnr)])
+    return curve
 
 
 def run_one(
@@ -187,6 +216,7 @@ def run_one(
         return {**row, "ok": False, "error": error_of(log_path, code)}
     try:
         m = read_metrics(run_dir / "metrics.json")
+        curve = read_test_curve(run_dir / "history.json")
     except ValueError as exc:
         return {**row, "ok": False, "error": str(exc)}
     steps_per_s = m["steps"] / m["train_s"] if m["train_s"] > 0 else None
@@ -200,4 +230,8 @@ def run_one(
         "psnr": m["psnr"],
         "ssim": m["ssim"],
         "gaussians": int(m["gaussians"]),
+        "peak_rss_mib": m["peak_rss_mib"],
+        # the test PSNR during training, then at the end (the metrics' own evaluation)
+        "curve": curve if curve and curve[-1][1] == m["steps"]
+        else [*curve, [m["train_s"], m["steps"], m["psnr"]]],
     }

@@ -11,7 +11,12 @@ _EPILOG = """\
 Both configs are validated first, as tilesplat check does (with the --set overrides, which
 apply to both). Then the runs go interleaved: base, cand, base, cand, ...; repeat k trains
 both arms with seed SEED + k, each run in its own process and folder (OUT_DIR/base-rK,
-OUT_DIR/cand-rK, with train.log). The table gives, per arm, mean ± σ over the repeats of the
+OUT_DIR/cand-rK, with train.log), after a two-step warm-up run of each arm that compiles the
+kernels it needs (not counted; --no-warmup skips it). Every run evaluates its test views during
+training (every steps / 20 steps unless its config sets eval_every), for the time to PSNR: the
+training seconds at which a run first reaches the base's mean final test PSNR - 0.1 dB, with
+the paired ratio cand / base; OUT_DIR/time_to_psnr.png plots every run's test PSNR against
+its training time. The table gives, per arm, mean ± σ over the repeats of the
 process wall time, training time, steps/s, final test PSNR and SSIM, and the Gaussian count;
 the deltas pair the repeats. OUT_DIR/gate.json holds every number (rewritten after each run).
 
@@ -44,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end a run that takes longer and count it as failed")
     parser.add_argument("--out", default=None, metavar="FILE.json",
                         help="also write the result to this JSON file")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="skip the two-step run of each arm that first compiles its kernels "
+                             "(when they are in Numba's cache already)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = gate_dir(args.out_dir)
     result = run_gate(base, cand, out_dir, repeats=args.repeats, psnr_guard=args.psnr_guard,
                       seed=args.seed, timeout=args.timeout, names=(args.base, args.cand),
-                      log=lambda line: print(line, flush=True))
+                      log=lambda line: print(line, flush=True), warmup=not args.no_warmup)
     print(format_gate(result))
     print(f"wrote {out_dir / 'gate.json'}")
     if args.out:

@@ -7,10 +7,15 @@ and its line there).
 """
 
 from .base import Strategy
+from .budget import BudgetStrategy
 from .default import DefaultStrategy
 from .mcmc import MCMCStrategy
 
 # the trainer's ``strategy`` config values
-BY_NAME: dict[str, type[Strategy]] = {"default": DefaultStrategy, "mcmc": MCMCStrategy}
+BY_NAME: dict[str, type[Strategy]] = {
+    "default": DefaultStrategy,
+    "mcmc": MCMCStrategy,
+    "budget": BudgetStrategy,
+}
 
-__all__ = ["BY_NAME", "DefaultStrategy", "MCMCStrategy", "Strategy"]
+__all__ = ["BY_NAME", "BudgetStrategy", "DefaultStrategy", "MCMCStrategy", "Strategy"]

@@ -196,6 +196,7 @@ class DefaultStrategy(Strategy):
         is_split = high & ~small
         if step < self.refine_scale2d_stop_iter:
             is_split |= state["radii"] > self.grow_scale2d
+        is_dup, is_split = self._limit_growth(is_dup, is_split, grads, step, state)
         n_dup, n_split = int(is_dup.sum()), int(is_split.sum())
         if n_dup > 0:
             duplicate(params, optimizers, state, is_dup)
@@ -206,6 +207,15 @@ class DefaultStrategy(Strategy):
         if n_split > 0:
             split(params, optimizers, state, is_split, revised_opacity=self.revised_opacity)
         return n_dup, n_split
+
+    def _limit_growth(
+        self, is_dup: torch.Tensor, is_split: torch.Tensor, grads: torch.Tensor, step: int,
+        state: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussians that clone and split at ``step`` (masks [N]) out of the candidates;
+        ``grads`` [N] is their mean screen-space gradient. Here all of them; a strategy with a
+        budget keeps the best."""
+        return is_dup, is_split
 
     @torch.no_grad()
     def _prune(self, params: Params, optimizers: Optimizers, state: dict, step: int) -> int:

@@ -7,7 +7,8 @@ The variants a config chooses (model kind, strategy, parallel mode) sit behind s
 (``seams.py``); importing this package registers every model kind and parallel mode first.
 """
 
-from . import models, parallel  # noqa: F401  (register the variants behind the seams)
+# register the variants behind the seams and the features' config checks
+from . import early_stop, models, parallel, resolution  # noqa: F401
 from .config import TrainConfig, apply_overrides, config_to_toml, load_config
 from .run import evaluate_run, export_ply, load_run, render_run, resume_run, train_run
 from .trainer import Trainer

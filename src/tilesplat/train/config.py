@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 
 from ..constants import BACKENDS, BACKWARD_SCHEMES
 from . import seams
+from .recipes import RECIPES, recipe_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,6 +77,15 @@ class TrainConfig:
     test_every: int = _f(
         8, "every n-th image is a test image (COLMAP, or Blender without a test split)", "data"
     )
+    synthetic_scene: str = _f(
+        "raycast",
+        "built-in scene (with data empty): raycast (a textured object ray cast in NumPy, "
+        "Blender layout) or garden (the bundled Mip-NeRF 360 garden Gaussians rendered along "
+        "a path near its cameras, COLMAP layout with initial points; synthetic_train + "
+        "synthetic_test views of 324x210, split by test_every)",
+        "data",
+        ("raycast", "garden"),
+    )
     synthetic_size: int = _f(200, "built-in scene: image width and height in pixels", "data")
     synthetic_train: int = _f(100, "built-in scene: number of training views", "data")
     synthetic_test: int = _f(20, "built-in scene: number of test views", "data")
@@ -110,6 +120,15 @@ class TrainConfig:
     eval_every: int = _f(
         0, "measure the test PSNR every n steps during training (0: only at the end)", "run"
     )
+    early_stop_patience: int = _f(
+        0,
+        "stop when the test PSNR (measured every eval_every steps) has not risen by "
+        "early_stop_min_db in this many evaluations; 0: run all the steps",
+        "run",
+    )
+    early_stop_min_db: float = _f(
+        0.02, "early stop: the smallest rise of the best test PSNR that counts, in dB", "run"
+    )
     save_renders: bool = _f(True, "write the test-view renders as PNG at the end", "run")
     save_ply: bool = _f(True, "write point_cloud.ply (3DGS layout) at the end", "run")
     progress: bool = _f(True, "show a progress line (steps/s, loss, PSNR, Gaussians)", "run")
@@ -119,6 +138,15 @@ class TrainConfig:
         "serve a live view of the training at http://127.0.0.1:PORT while it runs "
         '(pip install "tilesplat[viewer]"; docs/viewer.md); 0: off',
         "run",
+    )
+
+    recipe: str = _f(
+        "3dgs",
+        "a preset of keys set before the others given with it: 3dgs (the paper's, as gsplat's "
+        "simple trainer) or fast (coarse images first, early densification, higher rates; "
+        "docs/training.md)",
+        "run",
+        tuple(RECIPES),
     )
 
     # --- model and initialisation ---
@@ -190,6 +218,15 @@ class TrainConfig:
         "render on a random background each step (the target is recomposited when the "
         "images have alpha) to discourage transparency",
         "optim",
+    )
+    resolution_start: int = _f(
+        1,
+        "resolution schedule: downscale factor of the first steps' images, a power of two "
+        "(halved at even intervals until full resolution); 1: full resolution throughout",
+        "optim",
+    )
+    resolution_full_at: float = _f(
+        0.5, "resolution schedule: fraction of the steps from which images are full size", "optim"
     )
 
     normal_lambda: float = _f(
@@ -368,6 +405,7 @@ class TrainConfig:
                  "backend = 'cuda' (or 'auto') to train on the GPU, or device = 'cpu'")
         for seam in seams.SEAMS:  # each chosen variant checks its own keys
             errors += seams.variant(seam, getattr(self, seam)).config_errors(self)
+        errors += seams.feature_errors(self)  # and each training feature its own
         if errors:
             raise ValueError("invalid config: " + "; ".join(errors))
         return self
@@ -427,7 +465,17 @@ def config_from_dict(
             err = _unknown_key(key)
             raise ValueError(f"{where}: {err}") from None
         updates[key] = _coerce(key, value, where)
-    return dataclasses.replace(base or TrainConfig(), **updates).validate()
+    base = base or TrainConfig()
+    if "recipe" in updates and updates["recipe"] in RECIPES:  # its keys first, then the rest
+        base = dataclasses.replace(base, **recipe_table(updates["recipe"]))
+    return dataclasses.replace(base, **updates).validate()
+
+
+def recipe_table(name: str) -> dict[str, Any]:
+    """The keys recipe ``name`` sets: its table, and for ``3dgs`` the defaults of every key
+    another recipe sets (:mod:`.recipes`)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {key: RECIPES[name].get(key, defaults[key]) for key in sorted(recipe_keys())}
 
 
 def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:

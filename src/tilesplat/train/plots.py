@@ -28,8 +28,9 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
 
-def _panel(
-    draw: ImageDraw.ImageDraw, x0: int, title: str, series: list[Series], log_y: bool
+def panel(
+    draw: ImageDraw.ImageDraw, x0: int, title: str, series: list[Series], log_y: bool,
+    x_label: str = "step",
 ) -> None:
     """Draw one chart with its axes into the PANEL_W x PANEL_H cell starting at column x0."""
     left, right = x0 + MARGIN_L, x0 + PANEL_W - MARGIN_R
@@ -72,7 +73,7 @@ def _panel(
         px = left + frac * (right - left)
         draw.line([px, bottom, px, bottom + 4], fill=COLORS["axis"])
         draw.text((px - 12, bottom + 8), _fmt(xv), fill=COLORS["axis"])
-    draw.text((right - 24, bottom + 18), "step", fill=COLORS["axis"])
+    draw.text((right - 6 * len(x_label), bottom + 18), x_label, fill=COLORS["axis"])
     legend_y = bottom - 4 - 12 * sum(1 for s in series if s[3])
     for xs, ys, color, name in series:
         line = [
@@ -104,7 +105,7 @@ def curve_image(history: dict[str, list[float]]) -> np.ndarray:
     draw = ImageDraw.Draw(img)
     steps = history.get("step", [])
     train = COLORS["train"]
-    _panel(
+    panel(
         draw,
         0,
         "loss (log scale)",
@@ -114,8 +115,8 @@ def curve_image(history: dict[str, list[float]]) -> np.ndarray:
     psnr_series: list[Series] = [(steps, history.get("psnr", []), train, "train")]
     if history.get("test_step"):
         psnr_series.append((history["test_step"], history["test_psnr"], COLORS["test"], "test"))
-    _panel(draw, PANEL_W, "PSNR (dB)", psnr_series, log_y=False)
-    _panel(
+    panel(draw, PANEL_W, "PSNR (dB)", psnr_series, log_y=False)
+    panel(
         draw,
         2 * PANEL_W,
         "Gaussians",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,14 @@ def resolve_data(cfg: TrainConfig, log: Log = print) -> Path:
     """The dataset folder: ``data``, or the built-in scene written once into the cache."""
     if cfg.data:
         return Path(cfg.data).expanduser()
+    views = cfg.synthetic_train + cfg.synthetic_test
+    if cfg.synthetic_scene == "garden":
+        from ..data.garden_views import MARKER, write_garden_views_dataset
+
+        folder = cache_root(cfg) / f"garden-views-{views}"
+        if not (folder / MARKER).is_file():
+            log(f"writing the built-in garden scene to {folder} (once)")
+        return write_garden_views_dataset(folder, n_views=views)
     from ..data.synthetic import write_synthetic_dataset
 
     folder = cache_root(cfg) / (
@@ -90,8 +99,10 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
 
 
 def scene_name(cfg: TrainConfig) -> str:
-    """``synthetic`` for the built-in scene, else the dataset folder's name."""
-    return Path(cfg.data).expanduser().resolve().name if cfg.data else "synthetic"
+    """``synthetic`` (``garden-views``) for the built-in scenes, else the dataset folder's name."""
+    if cfg.data:
+        return Path(cfg.data).expanduser().resolve().name
+    return "garden-views" if cfg.synthetic_scene == "garden" else "synthetic"
 
 
 def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
@@ -150,6 +161,7 @@ def write_outputs(
         "n_gaussians": len(params["means"]),
         "train_seconds": train_seconds,
         "render_seconds_per_view": result["seconds_per_view"],
+        "peak_rss_mib": peak_rss_mib(),
         "views": result["views"],
     }
     atomic_write_bytes(run_dir / "metrics.json", json.dumps(metrics, indent=1).encode("utf-8"))
@@ -158,6 +170,17 @@ def write_outputs(
     if cfg.save_ply:
         export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply", cfg.antialiased)
     return metrics
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far in MiB (the kernel's high-water mark), or
+    None where the platform does not report it."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes there, KiB here
 
 
 def export_ply(params: dict[str, Tensor], path: str | Path, antialiased: bool = False) -> Path:

@@ -17,8 +17,12 @@ by the config's value, and none of them branches on it. This module imports noth
 ``train``, so that neither ``config`` nor the variants need the other to find one another
 (``tests/test_layering.py``: no import circle).
 
-The package's ``__init__`` imports ``train.models`` and ``train.parallel``, whose modules
-register, so that every variant is known before any module of ``tilesplat.train`` is used.
+A training feature (the resolution schedule, ...) registers the check of its own config keys
+with ``@config_check``, and ``TrainConfig.validate()`` runs them after the variants'.
+
+The package's ``__init__`` imports ``train.models``, ``train.parallel`` and the features, whose
+modules register, so that every variant and check is known before any module of
+``tilesplat.train`` is used.
 """
 
 from __future__ import annotations
@@ -72,3 +76,20 @@ def strategy(cfg: Any, key_for_gradient: str = "means2d") -> Strategy:
     """The densification strategy ``cfg.strategy`` names, with the config's thresholds
     (``Strategy.from_config``); ``key_for_gradient``: the model kind's screen-space means."""
     return variant("strategy", cfg.strategy).from_config(cfg, key_for_gradient)
+
+
+# the config checks of the training features (each returns its error messages), run by
+# TrainConfig.validate() after the variants'
+_FEATURE_CHECKS: list[Callable[[Any], list[str]]] = []
+
+
+def config_check(fn: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
+    """Decorator: a training feature's check of its config keys (``fn(cfg) -> errors``),
+    registered where the feature is defined."""
+    _FEATURE_CHECKS.append(fn)
+    return fn
+
+
+def feature_errors(cfg: Any) -> list[str]:
+    """Every registered feature's errors for ``cfg``, in registration order."""
+    return [msg for check in _FEATURE_CHECKS for msg in check(cfg)]

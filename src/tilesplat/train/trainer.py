@@ -27,12 +27,14 @@ from . import seams
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .device import device_frames, training_device
+from .early_stop import should_stop
 from .history import TrainingLog
 from .init import initial_gaussians
 from .metrics import psnr_of_mse, squared_error
 from .models import model_kind
 from .parallel import parallel_mode
 from .progress import Progress
+from .resolution import FramePyramid, downscale_factor
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
 from .stop import StopRequest
@@ -74,6 +76,7 @@ class Trainer:
         self.device = training_device(cfg)
         self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
         self.train_frames = device_frames(dataset.train, self.device)
+        self.pyramid = FramePyramid(self.train_frames)  # the images at the schedule's sizes
         self.model = model_kind(cfg)
         self.strategy = seams.strategy(cfg, self.model.gradient_key)
         self.scene_scale = float(dataset.scene_radius)
@@ -196,7 +199,8 @@ class Trainer:
         """
         cfg, par, strategy = self.cfg, self.parallel, self.strategy
         indices = par.my_cameras(self.batch_indices(step))
-        frames = [self.train_frames[i] for i in indices]
+        factor = downscale_factor(cfg, step)
+        frames = [self.pyramid.frame(i, factor) for i in indices]
         batch = make_batch(frames, self.background, cfg.random_background).to(self.device)
         res = optimization_step(
             self.params,
@@ -248,9 +252,11 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         progress = Progress(cfg.steps, self.step, enabled=cfg.progress)
         viewer = self._open_viewer()
+        # a run that stopped early (its history says so) and is resumed stops again at once
+        done = self.step >= cfg.steps or should_stop(cfg, self.history["test_psnr"])
         with StopRequest() as stop:
             try:
-                while self.step < cfg.steps:
+                while not done:
                     t0 = time.perf_counter()
                     loss, mse = self.train_step(self.step)
                     self.step += 1
@@ -258,8 +264,19 @@ class Trainer:
                     logged = self.step % cfg.log_every == 0 or self.step == cfg.steps
                     self.training_log.record(self.step, loss, mse, logged, self.elapsed,
                                              self.n_gaussians)
+                    done = self.step >= cfg.steps
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
                         self.training_log.record_test(self.step, self.elapsed, self.test_psnr())
+                        # every rank stops at the same step (ranks > 0 of a model-parallel
+                        # job measure nothing and follow rank 0)
+                        if self.parallel.any_rank(should_stop(cfg, self.history["test_psnr"])):
+                            progress.close()
+                            self.log(
+                                f"early stop at step {self.step}: the test PSNR rose less than "
+                                f"{cfg.early_stop_min_db} dB in the last "
+                                f"{cfg.early_stop_patience} evaluations"
+                            )
+                            done = True
                     # every rank stops at the same step, so that a checkpoint is whole
                     if self.parallel.any_rank(stop.requested):
                         progress.close()

@@ -1,0 +1,57 @@
+"""Early stop: training ends when the test PSNR measured during training stops rising.
+
+With ``early_stop_patience = K`` (and ``eval_every`` > 0) a run stops after an evaluation when
+the best test PSNR of its last K evaluations is less than ``early_stop_min_db`` above the best
+before them. The rule reads the run's history (``test_psnr``, kept in every checkpoint), so it
+holds no state of its own: a resumed run decides as the uninterrupted one would, and a run that
+stopped early and is resumed stops again at once. A later ``--set steps=...`` does not lift it;
+``--set early_stop_patience=0`` does.
+
+The test views serve as the held-out subset, as in every trainer of the field that stops on a
+validation metric; they take no part in the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from . import seams
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+
+@seams.config_check
+def early_stop_errors(cfg: TrainConfig) -> list[str]:
+    """Why the early-stop keys are invalid (empty when they are valid)."""
+    bad = []
+    if cfg.early_stop_patience < 0:
+        bad.append(f"early_stop_patience must be >= 0, got {cfg.early_stop_patience}")
+    if cfg.early_stop_patience > 0 and cfg.eval_every <= 0:
+        bad.append(
+            f"early_stop_patience = {cfg.early_stop_patience} needs eval_every > 0 "
+            "(the test PSNR it watches is measured every eval_every steps)"
+        )
+    if not (math.isfinite(cfg.early_stop_min_db) and cfg.early_stop_min_db >= 0.0):
+        bad.append(f"early_stop_min_db must be a finite number >= 0, got {cfg.early_stop_min_db}")
+    return bad
+
+
+def plateaued(test_psnr: Sequence[float], patience: int, min_db: float) -> bool:
+    """Whether the best of the last ``patience`` PSNRs of ``test_psnr`` (in evaluation order)
+    is less than ``min_db`` above the best before them; False when ``patience`` is 0, when
+    there are not more than ``patience`` of them, or when any is NaN (a rank that does not
+    evaluate)."""
+    if patience <= 0 or len(test_psnr) <= patience:
+        return False
+    values = [float(p) for p in test_psnr]
+    if any(math.isnan(p) for p in values):
+        return False
+    return max(values[-patience:]) < max(values[:-patience]) + min_db
+
+
+def should_stop(cfg: TrainConfig, test_psnr: Sequence[float]) -> bool:
+    """:func:`plateaued` with the config's keys."""
+    return plateaued(test_psnr, cfg.early_stop_patience, cfg.early_stop_min_db)

@@ -1,0 +1,107 @@
+"""The resolution schedule: the first steps train on coarse images, full resolution comes later
+(DashGaussian, Chen et al. 2025, schedules resolution and primitive count together; here the
+resolution, by powers of two).
+
+With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the downscale
+factor is F over the first ``a * steps / (log2 F + 1)`` steps, then F / 2, ... and 1 from
+``a * steps`` on. A step's images are the frames' area averages at that factor, with the
+intrinsics scaled to match (pixel centres stay centres), computed once per frame and factor;
+the batch renders at that size. Early steps then rasterize a fraction of the pixels while the
+Gaussians are still few and large, which is when coarse images lose nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from ..data.frames import Frame
+from . import seams
+
+MIN_SIDE = 16  # the smallest side of a coarse image, in pixels
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+
+@seams.config_check
+def schedule_errors(cfg: TrainConfig) -> list[str]:
+    """Why the schedule's keys are invalid (empty when they are valid)."""
+    bad = []
+    f = cfg.resolution_start
+    if f < 1 or f & (f - 1):
+        bad.append(f"resolution_start must be a power of two >= 1, got {f}")
+    if not 0.0 < cfg.resolution_full_at <= 1.0:
+        bad.append(f"resolution_full_at must be in (0, 1], got {cfg.resolution_full_at}")
+    return bad
+
+
+def downscale_factor(cfg: TrainConfig, step: int) -> int:
+    """The images' downscale factor at ``step`` (1: full resolution)."""
+    start = cfg.resolution_start
+    if start <= 1:
+        return 1
+    levels = int(math.log2(start)) + 1  # start, start / 2, ..., 1
+    full = cfg.resolution_full_at * cfg.steps
+    if step >= full:
+        return 1
+    level = min(int(step * levels // full), levels - 1)
+    return start >> level
+
+
+def _area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[H, W, C] averaged to [height, width, C]."""
+    chw = image.permute(2, 0, 1)[None]
+    return F.interpolate(chw, size=(height, width), mode="area")[0].permute(1, 2, 0).contiguous()
+
+
+def downscaled(frame: Frame, factor: int) -> Frame:
+    """``frame`` at 1 / ``factor`` of its size (at least 1 pixel): image and alpha averaged,
+    intrinsics scaled so that each coarse pixel's centre sees what its fine pixels saw."""
+    if factor == 1:
+        return frame
+    height, width = max(1, frame.height // factor), max(1, frame.width // factor)
+    sx, sy = width / frame.width, height / frame.height
+    K = frame.K.clone()
+    K[0, :] *= sx
+    K[1, :] *= sy
+    return dataclasses.replace(
+        frame,
+        K=K,
+        width=width,
+        height=height,
+        image=_area(frame.image, height, width),
+        alpha=None if frame.alpha is None else _area(frame.alpha, height, width),
+    )
+
+
+class FramePyramid:
+    """The training frames at each downscale factor a run uses, made on first use.
+
+    A factor is capped so that no coarse image is under ``MIN_SIDE`` pixels on a side (the
+    SSIM window of the loss is 11 pixels): small images train at a smaller factor, or at full
+    size.
+    """
+
+    def __init__(self, frames: Sequence[Frame]) -> None:
+        self.frames = list(frames)
+        self._levels: dict[int, list[Frame | None]] = {1: list(self.frames)}
+        side = min((min(f.width, f.height) for f in self.frames), default=MIN_SIDE)
+        self.max_factor = 1
+        while side // (2 * self.max_factor) >= MIN_SIDE:
+            self.max_factor *= 2
+
+    def frame(self, index: int, factor: int) -> Frame:
+        """Frame ``index`` at 1 / ``factor`` of its size (the frame itself at 1), the factor
+        capped at :attr:`max_factor`."""
+        factor = min(factor, self.max_factor)
+        level = self._levels.setdefault(factor, [None] * len(self.frames))
+        got = level[index]
+        if got is None:
+            got = level[index] = downscaled(self.frames[index], factor)
+        return got

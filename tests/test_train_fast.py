@@ -1,0 +1,174 @@
+"""The fast recipe's parts: the resolution schedule, the budget strategy, the recipe presets,
+the garden-views built-in scene and the early stop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tilesplat.data.dataset import load_dataset
+from tilesplat.data.frames import Frame
+from tilesplat.strategy import BudgetStrategy
+from tilesplat.train.config import TrainConfig, apply_overrides, config_from_dict
+from tilesplat.train.recipes import FAST
+from tilesplat.train.resolution import FramePyramid, downscale_factor, downscaled
+
+
+def _frame(w=20, h=12, seed=0, alpha=True):
+    g = torch.Generator().manual_seed(seed)
+    K = torch.tensor([[30.0, 0, w / 2], [0, 31.0, h / 2], [0, 0, 1]])
+    return Frame("f", torch.eye(4), K, w, h, torch.rand(h, w, 3, generator=g),
+                 torch.rand(h, w, 1, generator=g) if alpha else None)
+
+
+def test_the_schedule_halves_the_factor_at_even_steps():
+    cfg = TrainConfig(steps=1000, resolution_start=4, resolution_full_at=0.3)
+    got = [downscale_factor(cfg, s) for s in (0, 99, 100, 199, 200, 299, 300, 999)]
+    assert got == [4, 4, 2, 2, 1, 1, 1, 1]
+    assert {downscale_factor(TrainConfig(), s) for s in range(0, 3000, 7)} == {1}
+
+
+def test_a_downscaled_frame_averages_pixels_and_keeps_pixel_centres():
+    f = _frame()
+    d = downscaled(f, 4)
+    assert (d.width, d.height) == (5, 3)
+    assert torch.allclose(d.image[1, 2], f.image[4:8, 8:12].mean(dim=(0, 1)))
+    assert torch.allclose(d.alpha[0, 0, 0], f.alpha[0:4, 0:4].mean())
+    # a world point on a fine pixel block's centre projects onto the coarse pixel's centre
+    p = torch.tensor([0.3, -0.2, 2.0])
+    fine, coarse = f.K @ p, d.K @ p
+    uf, vf = fine[:2] / fine[2]
+    uc, vc = coarse[:2] / coarse[2]
+    assert math.isclose(uc, uf / 4, rel_tol=1e-6) and math.isclose(vc, vf / 4, rel_tol=1e-6)
+    assert downscaled(f, 1) is f
+
+
+def test_the_pyramid_makes_each_level_once():
+    frames = [_frame(w=40, h=34, seed=i) for i in range(3)]
+    pyr = FramePyramid(frames)
+    assert pyr.frame(1, 1) is frames[1]
+    a = pyr.frame(2, 2)
+    assert pyr.frame(2, 2) is a and (a.width, a.height) == (20, 17)
+    # no coarse image under 16 pixels a side (the SSIM window is 11): 1/4 would give 10x8
+    assert pyr.max_factor == 2 and pyr.frame(2, 4) is a
+    assert FramePyramid([_frame(w=20, h=12)]).max_factor == 1
+
+
+def test_schedule_keys_are_checked():
+    with pytest.raises(ValueError, match="resolution_start must be a power of two >= 1, got 3"):
+        TrainConfig(resolution_start=3).validate()
+    with pytest.raises(ValueError, match=r"resolution_full_at must be in \(0, 1\], got 0.0"):
+        TrainConfig(resolution_full_at=0.0).validate()
+
+
+def test_a_recipe_sets_its_keys_before_the_others():
+    fast = apply_overrides(TrainConfig(), ["resolution_start=1", "recipe=fast"])
+    assert fast.recipe == "fast" and fast.resolution_start == 1  # switched off on its own
+    assert fast.refine_start == FAST["refine_start"] and fast.means_lr == FAST["means_lr"]
+    back = apply_overrides(fast, ["recipe=3dgs"])
+    assert back.refine_start == 500 and back.means_lr == TrainConfig().means_lr
+    assert back.resolution_start == 1 == TrainConfig().resolution_start
+    # a saved config (every key) loads as it was saved
+    import dataclasses
+
+    again = config_from_dict(dataclasses.asdict(fast))
+    assert again == fast
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        apply_overrides(TrainConfig(), ["recipe=slow"])
+
+
+def _grow_once(strategy, n=100, n_high=40, step=10):
+    """One refinement of ``strategy`` on n Gaussians, n_high of them above the threshold."""
+    from tilesplat.train.splats import make_optimizers, make_params
+
+    g = torch.Generator().manual_seed(0)
+    params = make_params({
+        "means": torch.randn(n, 3, generator=g), "scales": torch.full((n, 3), -5.0),
+        "quats": torch.randn(n, 4, generator=g), "opacities": torch.zeros(n),
+        "sh0": torch.zeros(n, 1, 3), "shN": torch.zeros(n, 0, 3),
+    })
+    optimizers = make_optimizers(params, TrainConfig(sh_degree=0), 1.0)
+    state = strategy.initialize_state(scene_scale=1.0)
+    grad = torch.zeros(n)
+    grad[:n_high] = torch.linspace(1.0, 2.0, n_high)  # the last of them score highest
+    state["grad2d"], state["count"] = grad, torch.ones(n)
+    strategy._grow(params, optimizers, state, step)
+    return params
+
+
+def test_the_budget_keeps_the_best_candidates():
+    kw = dict(grow_grad2d=0.5, grow_scale3d=1.0, refine_start_iter=0, refine_stop_iter=20)
+    # budget at step 10 of 0..20: halfway from 100 to 120 = 110: 10 of the 40 candidates
+    budget = BudgetStrategy(cap_max=120, **kw)
+    assert budget.budget_at(10, 100) == 110
+    params = _grow_once(budget)
+    assert len(params["means"]) == 110
+    means0 = torch.randn(100, 3, generator=torch.Generator().manual_seed(0))
+    # the clones are copies of the 10 highest-scoring candidates (indices 30..39)
+    assert torch.equal(params["means"][100:].detach(), means0[30:40])
+    # without a budget every candidate grows (the default strategy)
+    from tilesplat.strategy import DefaultStrategy
+
+    assert len(_grow_once(DefaultStrategy(**kw))["means"]) == 140
+
+
+def test_the_garden_views_scene_loads_as_colmap(tmp_path):
+    from tilesplat.data.garden_views import write_garden_views_dataset
+
+    folder = write_garden_views_dataset(tmp_path / "g", n_views=6, max_points=3000)
+    ds = load_dataset(folder, test_every=3)
+    assert len(ds.train) == 4 and len(ds.test) == 2
+    assert (ds.train[0].width, ds.train[0].height) == (324, 210)
+    assert ds.points is not None and len(ds.points) == 3000
+    img = ds.train[0].image
+    assert float(img.std()) > 0.05  # real content, not a blank
+    # reused when complete, refused over a foreign folder
+    assert write_garden_views_dataset(folder, n_views=6, max_points=3000) == folder
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a tilesplat garden-views dataset"):
+        write_garden_views_dataset(tmp_path / "other", n_views=6)
+
+
+def test_plateaued_compares_the_last_evaluations_with_the_best_before():
+    from tilesplat.train.early_stop import plateaued
+
+    assert not plateaued([20.0, 21.0, 22.0], patience=0, min_db=0.0)  # off
+    assert not plateaued([20.0, 21.0], patience=2, min_db=0.0)  # too few
+    assert plateaued([20.0, 22.0, 21.9, 22.0], patience=2, min_db=0.01)
+    assert not plateaued([20.0, 22.0, 21.9, 22.02], patience=2, min_db=0.01)
+    assert not plateaued([20.0, 22.0, float("nan"), 21.0], patience=1, min_db=0.0)
+    with pytest.raises(ValueError, match="early_stop_patience = 3 needs eval_every > 0"):
+        TrainConfig(early_stop_patience=3).validate()
+    with pytest.raises(ValueError, match="early_stop_min_db must be a finite number >= 0"):
+        TrainConfig(early_stop_min_db=-1.0).validate()
+
+
+def test_a_run_stops_early_and_a_resume_stops_again_at_once(tmp_path):
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train.checkpoint import latest_checkpoint, load_checkpoint
+    from tilesplat.train.trainer import Trainer
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=16)
+    ds = load_dataset(folder)
+    # a rise of 100 dB never comes: the run stops at the third evaluation, step 6 of 40
+    cfg = TrainConfig(steps=40, init_points=100, sh_degree=0, eval_every=2, log_every=2,
+                      early_stop_patience=2, early_stop_min_db=100.0, progress=False,
+                      lpips=False, backend="torch").validate()
+    lines: list[str] = []
+    trainer = Trainer(cfg, ds, tmp_path / "run", log=lines.append)
+    trainer.train()
+    assert trainer.step == 6 and trainer.history["test_step"] == [2, 4, 6]
+    assert any("early stop at step 6" in line for line in lines)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert ckpt["step"] == 6
+    again = Trainer(cfg, ds, tmp_path / "run", checkpoint=ckpt, log=lines.append)
+    again.train()
+    assert again.step == 6
+    # without the early stop the same run goes on to its last step
+    cfg_off = TrainConfig(**{**cfg.__dict__, "early_stop_patience": 0, "steps": 10}).validate()
+    full = Trainer(cfg_off, ds, tmp_path / "run2", log=lines.append)
+    full.train()
+    assert full.step == 10
