@@ -44,6 +44,22 @@ def pinhole_camera(width: int, height: int) -> Camera:
     return Camera("PINHOLE", width, height, (K[0, 0], K[1, 1], K[0, 2], K[1, 2]))
 
 
+def orbit(n: int, degrees: float = 300.0, radius: float = 1.85) -> np.ndarray:
+    """[n, 4, 4] world-to-camera matrices (OpenCV axes) of a smooth walk around the room's
+    object, ``degrees`` of azimuth at ``radius``, bobbing in height, looking at its middle:
+    the frames of a video."""
+    out = np.zeros((n, 4, 4))
+    for i in range(n):
+        a = np.radians(degrees) * i / max(n - 1, 1)
+        eye = np.array([radius * np.cos(a), radius * np.sin(a), 1.05 + 0.15 * np.sin(3 * a)])
+        fwd = (room.TARGET - eye) / np.linalg.norm(room.TARGET - eye)
+        right = np.cross(fwd, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        R = np.stack([right, np.cross(fwd, right), fwd])
+        out[i, :3, :3], out[i, :3, 3], out[i, 3, 3] = R, -R @ eye, 1.0
+    return out
+
+
 def _world_rays(viewmat: np.ndarray, cam: Camera, xy: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(eye [3], unit world directions [M, 3], traced [M]) through pixel points xy [M, 2]."""
