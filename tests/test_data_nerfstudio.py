@@ -134,9 +134,10 @@ def test_bad_transforms_fail_with_one_clear_line(captures, tmp_path, capsys, edi
     meta = json.loads((ns / "transforms.json").read_text())
     edit(meta)
     (ns / "transforms.json").write_text(json.dumps(meta))
+    before = sorted(p.name for p in ns.iterdir())
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         load_dataset(ns)
-    before = sorted(p.name for p in ns.iterdir())
+    assert sorted(p.name for p in ns.iterdir()) == before  # no undistortion cache either
     assert main(["train", "--data", str(ns), "--set", f"run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tilesplat train: error:"), err

@@ -24,6 +24,7 @@ from tilesplat.data.captures import pinhole_camera, render, write_capture
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.room import camera_poses
 from tilesplat.data.undistort_cache import FOLDER
+from tilesplat.io.images import write_png
 
 W, H = 80, 60
 CAMERAS = {
@@ -186,3 +187,29 @@ def test_unwritable_cache_undistorts_in_memory(capture, tmp_path):
     assert (data / FOLDER).is_file() and ds.train[0].width != W
     fresh = load_dataset(capture)  # the same frames as through a cache
     assert torch.equal(ds.train[0].image, fresh.train[0].image)
+
+
+def test_a_load_that_fails_half_way_leaves_no_cache(capture, tmp_path):
+    data = tmp_path / "sr"
+    shutil.copytree(capture, data)
+    (data / "masks").mkdir()
+    write_png(data / "masks" / "view_004.png.png", np.zeros((H - 1, W), np.uint8))
+    with pytest.raises(ValueError, match=r"mask .*view_004\.png\.png is 80x59 but its image "
+                                         r".*view_004\.png is 80x60"):
+        load_dataset(data)
+    assert not (data / FOLDER).exists()
+
+
+@pytest.mark.parametrize("model", ["THIN_PRISM_FISHEYE", "EQUIRECTANGULAR"])
+def test_unknown_camera_models_are_refused_by_name(capture, tmp_path, model):
+    data = tmp_path / "sr"
+    shutil.copytree(capture, data)
+    cams = data / "sparse" / "0" / "cameras.txt"
+    lines = cams.read_text().splitlines()
+    n = {"THIN_PRISM_FISHEYE": 12, "EQUIRECTANGULAR": 2}[model]
+    lines[-1] = " ".join(["1", model, str(W), str(H)] + ["0.1"] * n)
+    cams.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"cameras\.txt: camera 1: the camera model {model} is "
+                                         r"not supported; supported: SIMPLE_PINHOLE"):
+        load_dataset(data)
+    assert not (data / FOLDER).exists()

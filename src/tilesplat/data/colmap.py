@@ -107,13 +107,13 @@ def load_colmap(
             mask_file=masks.get(im.name),
             downscaled={downscale: (root / f"images_{downscale}" / im.name, None)},
         ))
-    frames = load_shots(shots, root, downscale, log)
     every = DEFAULT_TEST_EVERY if test_every < 0 else test_every
-    # frames are already sorted by name, so split_every keeps this order
-    tr, te = split_every([f"{i:09d}" for i in range(len(frames))], every)
-    train, test = [frames[i] for i in tr], [frames[i] for i in te]
-    if not train:
+    # shots are already sorted by name, so split_every keeps this order
+    tr, te = split_every([f"{i:09d}" for i in range(len(shots))], every)
+    if not tr:
         raise ValueError(f"{root}: no train images left after the test split (test_every=1)")
+    frames = load_shots(shots, root, downscale, log)
+    train, test = [frames[i] for i in tr], [frames[i] for i in te]
     centers = np.stack([f.camera_center.double().numpy() for f in train])
     center = centers.mean(0)
     has_points = len(xyz) > 0  # an empty model leaves the initialisation to the trainer

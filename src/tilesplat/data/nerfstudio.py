@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,18 @@ def _split(meta: dict, names: list[str], test_every: int, path: Path) -> tuple[l
     return train, [i for i in range(n) if i not in set(train)]
 
 
+def _user_masks(masks_dir: Path, rel: list[str], root: Path) -> dict[str, Path]:
+    """File path -> its mask in ``masks_dir``, named from the images' common folder as COLMAP
+    names them (the mask of ``images/a.png`` is ``<masks_dir>/a.png.png`` or ``a.png``)."""
+    try:
+        base = Path(os.path.commonpath([Path(n).parent.as_posix() for n in rel]))
+    except ValueError:  # absolute and relative paths mixed
+        base = Path()
+    inner = [Path(n).relative_to(base).as_posix() for n in rel]
+    found = mask_files(masks_dir, inner, root / base)
+    return {n: found[i] for n, i in zip(rel, inner, strict=True) if i in found}
+
+
 def load_nerfstudio(
     path: str | Path,
     *,
@@ -186,7 +199,7 @@ def load_nerfstudio(
         if np.abs(rot @ rot.T - np.eye(3)).max() > 1e-4:
             raise ValueError(f"{tf}: applied_transform must be rigid (a rotation and a shift)")
         undo = np.linalg.inv(applied)
-    user_masks = mask_files(Path(masks_dir), rel, root) if masks_dir else None
+    user_masks = _user_masks(Path(masks_dir), rel, root) if masks_dir else None
     shots, depth = [], {}
     for i, (fr, name) in enumerate(zip(frames, rel, strict=True)):
         where = f"{tf}: frame {i} ({name})"
@@ -213,10 +226,9 @@ def load_nerfstudio(
             mask_file=mask,
             downscaled={downscale: (small, small_mask)},
         ))
-    loaded = load_shots(shots, root, downscale, log)
+    # everything that can fail before the images are read (and undistorted into the cache)
     tr, te = _split(meta, rel, test_every, tf)
-    train, test = [loaded[i] for i in tr], [loaded[i] for i in te]
-    if not train:
+    if not tr:
         raise ValueError(f"{root}: no train frames left after the test split")
     points = rgb = None
     if "ply_file_path" in meta:
@@ -226,6 +238,8 @@ def load_nerfstudio(
             points = torch.from_numpy(xyz).float()
             rgb = (torch.from_numpy(colours.astype(np.float32) / 255.0) if colours is not None
                    else torch.full((len(xyz), 3), 0.5))
+    loaded = load_shots(shots, root, downscale, log)
+    train, test = [loaded[i] for i in tr], [loaded[i] for i in te]
     centers = np.stack([f.camera_center.double().numpy() for f in train])
     center = centers.mean(0)
     return SceneDataset(

@@ -113,6 +113,19 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
                         list(plans[sources[i][3]].target.params)] for i in remapped],
         }
         cache = UndistortCache(root, parts, [shots[i].key for i in remapped], log)
+    try:
+        frames = _load_frames(shots, sources, plans, cache)
+    except BaseException:
+        if cache is not None:
+            cache.abandon()
+        raise
+    if cache is not None:
+        cache.finish()
+    return frames
+
+
+def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
+                 cache: UndistortCache | None) -> list[Frame]:
     tables: dict[Camera, Remap] = {}
     frames = []
     for shot, (image_file, mask_file, size, cam) in zip(shots, sources, strict=True):
@@ -138,6 +151,4 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
             mask=mask_tensor(keep),
             camera_model=p.target.camera_model,
         ))
-    if cache is not None:
-        cache.finish()
     return frames

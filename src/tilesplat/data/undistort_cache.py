@@ -10,11 +10,13 @@ The key is a hash of what the result depends on: the format version, the downsca
 each frame's camera (model and parameters) and undistorted camera, and the name, size and
 modification time of each image and mask file read. Any change gives a new key, hence a new
 folder; a complete new folder removes the older ``undistorted-*`` folders beside it. When the
-dataset folder is not writable the images are undistorted in memory on every load.
+dataset folder is not writable the images are undistorted in memory on every load; a load
+that fails half-way (a bad mask, an unreadable image) removes the folder it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -103,6 +105,15 @@ class UndistortCache:
         except OSError as e:
             self.log(f"undistortion cache not written ({image_file}: {e}); undistorting in memory")
             self.writable = False
+
+    def abandon(self) -> None:
+        """Remove this key's unfinished folder (a load that failed leaves nothing behind), and
+        ``tilesplat_cache`` itself when that leaves it empty."""
+        if self.hit or not self.writable:
+            return
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.folder.parent.rmdir()  # only when empty
 
     def finish(self) -> None:
         """Mark the folder complete and remove the stale folders of other keys."""
