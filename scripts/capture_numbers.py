@@ -39,7 +39,6 @@ from capture_helpers import (  # noqa: E402  (the tests' captures, so the number
     shared_captures,
     train,
 )
-
 from tilesplat.data.captures import pinhole_camera, render, scene_points  # noqa: E402
 from tilesplat.data.colmap_format import ColmapCamera, ColmapImage  # noqa: E402
 from tilesplat.data.colmap_write import rotmat_to_qvec, write_model  # noqa: E402
