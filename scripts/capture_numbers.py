@@ -38,8 +38,9 @@ from capture_helpers import (  # noqa: E402  (the tests' captures, so the number
     psnr_on,
     shared_captures,
     train,
+    viewmats,
 )
-from tilesplat.data.captures import pinhole_camera, render, scene_points  # noqa: E402
+from tilesplat.data.captures import pinhole_camera, render, scene_points, write_capture  # noqa: E402
 from tilesplat.data.colmap_format import ColmapCamera, ColmapImage  # noqa: E402
 from tilesplat.data.colmap_write import rotmat_to_qvec, write_model  # noqa: E402
 from tilesplat.data.dataset import load_dataset  # noqa: E402
@@ -79,6 +80,33 @@ def psnr_table(work: Path) -> None:
         how = f"{f.camera_model} {f.width}x{f.height}"
         print(f"| {name} | {how} | {got:.2f} dB | {own:.2f} dB | {got - base:+.2f} dB | "
               f"<!-- {secs:.0f} s; {lines[0] if lines else ''} -->", flush=True)
+
+
+def fisheye_table(work: Path) -> None:
+    """The fisheye against a pinhole twin of its own angular resolution: the same poses through
+    a pinhole with the fisheye's focal length (80x60 at f = 32 px is 103 degrees wide, inside
+    the fisheye's view), trained alike; both scored on that twin's test views."""
+    caps = shared_captures(work / "lens_captures")
+    fish = LENSES["fisheye"]
+    f = fish.params[0]
+    wide = Camera("PINHOLE", fish.width, fish.height, (f, f, fish.params[2], fish.params[3]))
+    views = viewmats()
+    pts = scene_points(views, wide, stride=4)
+    twin_dir = write_capture(work / "wide_pinhole", wide, views, fmt="bin", points=pts)
+    twin = load_dataset(twin_dir, test_every=TEST_EVERY)
+    print(f"\n| capture (twin: PINHOLE f = {f:g} px, 80x60) | PSNR on the wide twin's test views |"
+          " on its own | minus the twin's |")
+    print("| --- | --- | --- | --- |")
+    base = None
+    for name, folder in (("wide PINHOLE twin", twin_dir),
+                         ("OPENCV_FISHEYE (bin)", caps["fisheye_bin"]),
+                         ("nerfstudio OPENCV_FISHEYE",
+                          colmap_to_nerfstudio(caps["fisheye_bin"], work / "ns_fish2"))):
+        ds = load_dataset(folder, test_every=TEST_EVERY)
+        trainer, _ = train(ds, work / "runs" / ("wide_" + name.replace(" ", "_")))
+        got, own = psnr_on(trainer, twin.test), psnr_on(trainer, ds.test)
+        base = got if base is None else base
+        print(f"| {name} | {got:.2f} dB | {own:.2f} dB | {got - base:+.2f} dB |", flush=True)
 
 
 def write_big_capture(out: Path, cam: Camera, n: int, distinct: int) -> None:
@@ -143,6 +171,7 @@ def main() -> None:
     ap.add_argument("--distinct", type=int, default=5)
     ap.add_argument("--skip-psnr", action="store_true")
     ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--skip-fisheye", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     width, height = (int(v) for v in args.size.lower().split("x"))
@@ -150,6 +179,8 @@ def main() -> None:
         work = Path(tmp)
         if not args.skip_psnr:
             psnr_table(work)
+        if not args.skip_fisheye:
+            fisheye_table(work)
         if not args.skip_load:
             load_times(work, width, height, args.images, args.distinct)
 

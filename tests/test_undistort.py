@@ -152,7 +152,7 @@ def capture(tmp_path_factory):
 def test_cache_is_written_once_reused_and_equals_a_fresh_undistortion(capture, tmp_path,
                                                                        monkeypatch):
     data = tmp_path / "sr"
-    shutil.copytree(capture, data)
+    shutil.copytree(capture, data, ignore=shutil.ignore_patterns(FOLDER))
     lines = []
     first = load_dataset(data, log=lines.append)
     assert any("cached in" in ln for ln in lines), lines
@@ -164,6 +164,8 @@ def test_cache_is_written_once_reused_and_equals_a_fresh_undistortion(capture, t
 
     monkeypatch.setattr(ud.Remap, "__init__", no_remap)
     second = load_dataset(data)
+    shutil.copytree(data, tmp_path / "moved")  # a dataset moved elsewhere keeps its cache
+    load_dataset(tmp_path / "moved")
     monkeypatch.undo()
     for a, b in zip(first.train + first.test, second.train + second.test, strict=True):
         assert torch.equal(a.image, b.image) and torch.equal(a.K, b.K)
@@ -179,7 +181,7 @@ def test_cache_is_written_once_reused_and_equals_a_fresh_undistortion(capture, t
 
 def test_unwritable_cache_undistorts_in_memory(capture, tmp_path):
     data = tmp_path / "sr"
-    shutil.copytree(capture, data)
+    shutil.copytree(capture, data, ignore=shutil.ignore_patterns(FOLDER))
     (data / FOLDER).write_text("a file where the cache folder would go")  # fails even as root
     lines = []
     ds = load_dataset(data, log=lines.append)
@@ -191,19 +193,20 @@ def test_unwritable_cache_undistorts_in_memory(capture, tmp_path):
 
 def test_a_load_that_fails_half_way_leaves_no_cache(capture, tmp_path):
     data = tmp_path / "sr"
-    shutil.copytree(capture, data)
+    shutil.copytree(capture, data, ignore=shutil.ignore_patterns(FOLDER))
     (data / "masks").mkdir()
     write_png(data / "masks" / "view_004.png.png", np.zeros((H - 1, W), np.uint8))
+    before = sorted(data.rglob("*"))
     with pytest.raises(ValueError, match=r"mask .*view_004\.png\.png is 80x59 but its image "
                                          r".*view_004\.png is 80x60"):
         load_dataset(data)
-    assert not (data / FOLDER).exists()
+    assert sorted(data.rglob("*")) == before and not (data / FOLDER).exists()
 
 
 @pytest.mark.parametrize("model", ["THIN_PRISM_FISHEYE", "EQUIRECTANGULAR"])
 def test_unknown_camera_models_are_refused_by_name(capture, tmp_path, model):
     data = tmp_path / "sr"
-    shutil.copytree(capture, data)
+    shutil.copytree(capture, data, ignore=shutil.ignore_patterns(FOLDER))
     cams = data / "sparse" / "0" / "cameras.txt"
     lines = cams.read_text().splitlines()
     n = {"THIN_PRISM_FISHEYE": 12, "EQUIRECTANGULAR": 2}[model]

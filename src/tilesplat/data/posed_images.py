@@ -108,7 +108,8 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
     if remapped:
         parts = {
             "downscale": downscale,
-            "frames": [[shots[i].key, file_stamp(sources[i][0]), file_stamp(sources[i][1]),
+            "frames": [[shots[i].key, file_stamp(sources[i][0], root),
+                        file_stamp(sources[i][1], root),
                         list(sources[i][3].params), sources[i][3].model,
                         list(plans[sources[i][3]].target.params)] for i in remapped],
         }
