@@ -12,6 +12,9 @@ rasterizer's fisheye camera.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -96,3 +99,18 @@ def test_wide_fisheye_capture_trains_natively(captures, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nfisheye: {start:.2f} dB at the start, {got:.2f} dB trained")
     assert got > 22.0 and got > start + 8.0, (start, got)
+
+
+def test_undistortion_needs_no_sfm_extra(captures, tmp_path):
+    # pycolmap and imageio-ffmpeg made unimportable: a distorted capture still loads
+    data = tmp_path / "opencv"
+    shutil.copytree(captures["opencv_bin"], data, ignore=shutil.ignore_patterns("tilesplat_cache"))
+    code = ("import sys; sys.modules['pycolmap'] = None; sys.modules['imageio_ffmpeg'] = None\n"
+            "from tilesplat.data.dataset import load_dataset\n"
+            f"ds = load_dataset({str(data)!r})\n"
+            "f = ds.train[0]; print(f.camera_model, f.width, f.height)\n"
+            "assert 'pycolmap' not in sys.modules or sys.modules['pycolmap'] is None\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["pinhole", "81", "60"]
