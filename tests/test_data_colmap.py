@@ -189,23 +189,36 @@ def test_downscale_resizes_or_uses_images_n(tmp_path, model):
 
 
 @pytest.mark.parametrize(
-    "camera, ok",
+    "camera, kind, remapped",
     [
-        ((1, "SIMPLE_RADIAL", W, H, [20.0, 8.0, 6.0, 0.0]), True),
-        ((1, "OPENCV", W, H, [20.0, 21.0, 8.0, 6.0, 0, 0, 0, 0]), True),
-        ((1, "SIMPLE_RADIAL", W, H, [20.0, 8.0, 6.0, 0.01]), False),
-        ((1, "OPENCV", W, H, [20.0, 21.0, 8.0, 6.0, 0, 0, 0.001, 0]), False),
-        ((1, "OPENCV_FISHEYE", W, H, [20.0, 21.0, 8.0, 6.0, 0, 0, 0, 0]), False),
+        # zero or negligible distortion (< 0.1 px anywhere): the image as it is
+        ((1, "SIMPLE_RADIAL", W, H, [20.0, 8.0, 6.0, 0.0]), "pinhole", False),
+        ((1, "OPENCV", W, H, [20.0, 21.0, 8.0, 6.0, 0, 0, 0, 0]), "pinhole", False),
+        ((1, "SIMPLE_RADIAL", W, H, [20.0, 8.0, 6.0, 0.01]), "pinhole", False),
+        ((1, "OPENCV_FISHEYE", W, H, [20.0, 21.0, 8.0, 6.0, 0, 0, 0, 0]), "fisheye", False),
+        # real distortion: undistorted (the image size changes)
+        ((1, "SIMPLE_RADIAL", W, H, [20.0, 8.0, 6.0, -0.3]), "pinhole", True),
+        ((1, "OPENCV", W, H, [20.0, 21.0, 8.0, 6.0, 0.2, 0, 0.01, 0]), "pinhole", True),
     ],
 )
-def test_camera_models(tmp_path, model, camera, ok):
+def test_camera_models(tmp_path, model, camera, kind, remapped):
     _make(tmp_path, model, cameras=[camera], fmt="txt")
-    if ok:
-        K = load_dataset(tmp_path).train[0].K
-        assert K[0, 0] == 20.0 and K[0, 2] == 8.0
-    else:
-        with pytest.raises(ValueError, match=r"cameras\.txt.*(undistort|image_undistorter)"):
-            load_dataset(tmp_path)
+    lines = []
+    f = load_dataset(tmp_path, log=lines.append).train[0]
+    assert f.camera_model == kind and len(lines) >= 1 and camera[1] in lines[0]
+    assert ((f.width, f.height) != (W, H)) == remapped
+    assert ("undistorted" in lines[0]) == remapped
+    if not remapped:
+        assert f.K[0, 0] == 20.0 and f.K[0, 2] == 8.0
+
+
+@pytest.mark.parametrize("model_name", ["THIN_PRISM_FISHEYE", "EQUIRECTANGULAR", "DIVISION"])
+def test_unsupported_camera_models_are_refused_by_name(tmp_path, model, model_name):
+    n = {"THIN_PRISM_FISHEYE": 12, "EQUIRECTANGULAR": 2, "DIVISION": 5}[model_name]
+    _make(tmp_path, model, cameras=[(1, model_name, W, H, [20.0, 8.0, 6.0] + [0.0] * (n - 3)
+                                     if n > 3 else [W, H])], fmt="txt")
+    with pytest.raises(ValueError, match=rf"cameras\.txt: camera 1.*{model_name} is not supported"):
+        load_dataset(tmp_path)
 
 
 def test_truncated_binary_files_give_clear_errors(tmp_path, model):

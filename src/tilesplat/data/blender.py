@@ -4,13 +4,15 @@ Each JSON holds ``camera_angle_x`` (horizontal field of view, radians) and optio
 ``fl_x, fl_y, cx, cy, w, h`` (top level or per frame), and ``frames`` with ``file_path``
 (relative to the dataset folder, with or without ``.png``) and ``transform_matrix``: 4x4
 camera-to-world in OpenGL / Blender axes (x right, y up, z backward). The val split is not
-loaded: train and test are what 3DGS uses.
+loaded: train and test are what 3DGS uses. With ``masks_dir``, the mask of ``train/r_0.png`` is
+``<masks_dir>/train/r_0.png.png`` (or ``train/r_0.png``), black where a pixel is ignored.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,13 @@ from .frames import (
     cameras_extent,
     image_to_tensors,
     look_at_point,
+    mask_files,
+    mask_tensor,
+    read_mask,
     split_every,
 )
+
+DEFAULT_TEST_EVERY = 8
 
 # OpenGL camera axes (y up, z backward) -> OpenCV (y down, z forward): flip the y and z columns.
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
@@ -113,10 +120,12 @@ def load_frame(
     downscale: int,
     background: tuple[float, float, float],
     size: tuple[int, int] | None = None,
+    masks: dict[str, Path] | None = None,
 ) -> Frame:
-    """Load one frame: image (composited and downscaled), pose and intrinsics.
+    """Load one frame: image (composited and downscaled), pose, intrinsics and mask.
 
-    ``size`` (width, height), when given, is the size the source image must have.
+    ``size`` (width, height), when given, is the size the source image must have; ``masks``
+    maps an image's path relative to ``root`` to its mask file.
     """
     src = {**meta, **fr}  # per-frame intrinsics override the top-level ones
     img_path = _image_file(root, str(fr["file_path"]))
@@ -149,6 +158,10 @@ def load_frame(
     else:
         rgb, alpha = image_to_tensors(img, background)
     viewmat = blender_c2w_to_viewmat(np.asarray(fr["transform_matrix"], dtype=np.float64))
+    mask_file = (masks or {}).get(_relative(root, img_path))
+    keep = None
+    if mask_file is not None:
+        keep = read_mask(mask_file, img_path, (img.shape[1], img.shape[0]), (w, h))
     return Frame(
         name=img_path.stem,
         viewmat=torch.from_numpy(viewmat).float(),
@@ -157,7 +170,15 @@ def load_frame(
         height=h,
         image=rgb,
         alpha=alpha,
+        mask=mask_tensor(keep),
     )
+
+
+def _relative(root: Path, path: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 def load_blender(
@@ -165,31 +186,41 @@ def load_blender(
     *,
     downscale: int = 1,
     white_background: bool = True,
-    test_every: int = 8,
+    test_every: int = -1,
+    masks_dir: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> SceneDataset:
     """Load a Blender / NeRF-synthetic dataset (see the module docstring for the layout).
 
-    Without ``transforms_test.json``, the train frames are split every ``test_every``-th.
+    Without ``transforms_test.json``, the train frames are split every ``test_every``-th
+    (-1: every 8th). ``log`` is unused (nothing to say).
     """
     root = Path(path)
     background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
     train_json = root / "transforms_train.json"
     test_json = root / "transforms_test.json"
     train_meta = read_transforms(train_json)
+    test_meta = read_transforms(test_json) if test_json.exists() else None
+    masks = None
+    if masks_dir:
+        names = [_relative(root, _image_file(root, str(fr["file_path"])))
+                 for meta in (train_meta, test_meta) if meta is not None
+                 for fr in meta["frames"]]
+        masks = mask_files(Path(masks_dir), names, root)
     # every source image must have the size of the first train image
     size = image_size(_image_file(root, str(train_meta["frames"][0]["file_path"])))
     train = [
-        load_frame(root, train_meta, fr, train_json, downscale, background, size)
+        load_frame(root, train_meta, fr, train_json, downscale, background, size, masks)
         for fr in train_meta["frames"]
     ]
-    if test_json.exists():
-        test_meta = read_transforms(test_json)
+    if test_meta is not None:
         test = [
-            load_frame(root, test_meta, fr, test_json, downscale, background, size)
+            load_frame(root, test_meta, fr, test_json, downscale, background, size, masks)
             for fr in test_meta["frames"]
         ]
     else:
-        tr, te = split_every([f.name for f in train], test_every)
+        every = DEFAULT_TEST_EVERY if test_every < 0 else test_every
+        tr, te = split_every([f.name for f in train], every)
         train, test = [train[i] for i in tr], [train[i] for i in te]
     if not train:
         raise ValueError(f"{root}: no train frames left after the test split")

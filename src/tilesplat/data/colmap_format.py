@@ -29,6 +29,12 @@ CAMERA_MODELS: dict[int, tuple[str, int]] = {
     9: ("RADIAL_FISHEYE", 5),
     10: ("THIN_PRISM_FISHEYE", 12),
     11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
+    12: ("SIMPLE_DIVISION", 4),
+    13: ("DIVISION", 5),
+    14: ("SIMPLE_FISHEYE", 3),
+    15: ("FISHEYE", 4),
+    16: ("EUCM", 6),
+    17: ("EQUIRECTANGULAR", 2),
 }
 MODEL_IDS = {name: (mid, n) for mid, (name, n) in CAMERA_MODELS.items()}
 

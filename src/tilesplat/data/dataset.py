@@ -1,4 +1,4 @@
-"""Dataset folders: layout detection and loading (Blender / NeRF-synthetic or COLMAP).
+"""Dataset folders: layout detection and loading (Blender / NeRF-synthetic, nerfstudio, COLMAP).
 
 A data source is one reader module in ``data/`` returning a :class:`SceneDataset` of the same
 frames, and one :class:`Layout` line in :data:`LAYOUTS` (docs/README.md, "where things go").
@@ -22,6 +22,7 @@ from .frames import (
     look_at_point,
     split_every,
 )
+from .nerfstudio import load_nerfstudio
 
 __all__ = [
     "LAYOUTS",
@@ -40,7 +41,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Layout:
     """A dataset layout: how its folder is recognised, what it holds (for the error message),
-    and its reader ``load(path, *, downscale, white_background, test_every)``."""
+    and its reader ``load(path, *, downscale, white_background, test_every, masks_dir, log)``."""
 
     name: str
     matches: Callable[[Path], bool]
@@ -52,6 +53,8 @@ class Layout:
 LAYOUTS = (
     Layout("blender", lambda p: (p / "transforms_train.json").is_file(),
            "transforms_train.json (Blender / NeRF-synthetic)", load_blender),
+    Layout("nerfstudio", lambda p: (p / "transforms.json").is_file(),
+           "transforms.json (nerfstudio)", load_nerfstudio),
     Layout("colmap", lambda p: (p / "sparse").is_dir(),
            "sparse/0/ with cameras, images, points3D (COLMAP)", load_colmap),
 )
@@ -69,7 +72,8 @@ def _layout(path: Path) -> Layout:
 
 
 def detect_layout(path: str | Path) -> str:
-    """The name of a dataset folder's layout (:data:`LAYOUTS`: ``"blender"``, ``"colmap"``).
+    """The name of a dataset folder's layout (:data:`LAYOUTS`: ``"blender"``, ``"nerfstudio"``,
+    ``"colmap"``).
 
     Raises:
         FileNotFoundError: the folder does not exist or holds no known layout.
@@ -82,23 +86,31 @@ def load_dataset(
     *,
     downscale: int = 1,
     white_background: bool = True,
-    test_every: int = 8,
+    test_every: int = -1,
+    masks_dir: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> SceneDataset:
-    """Load a Blender / NeRF-synthetic or COLMAP dataset, detecting the layout.
+    """Load a Blender / NeRF-synthetic, nerfstudio or COLMAP dataset, detecting the layout.
 
     Args:
         path: dataset folder.
         downscale: integer factor dividing the image size (and the intrinsics).
         white_background: composite RGBA images on white (else black) where the layout has
             them (Blender).
-        test_every: COLMAP (and Blender without transforms_test.json): every ``test_every``-th
-            image, sorted by name, starting with the first, goes to the test split;
-            0 puts every image in train.
+        test_every: every ``test_every``-th image, sorted by name, starting with the first,
+            goes to the test split; 0 puts every image in train; -1 (the default) keeps the
+            layout's own split: Blender's transforms_test.json, nerfstudio's file lists or
+            its 90/10 split, else every 8th image.
+        masks_dir: a folder of training masks (``<image name>.png``, black where a pixel is
+            ignored) instead of the dataset's own (COLMAP's ``masks/``, nerfstudio's
+            ``mask_path``).
+        log: one-line messages (how each camera is trained, the undistortion cache).
     """
     if not isinstance(downscale, int) or downscale < 1:
         raise ValueError(f"downscale must be an integer >= 1, got {downscale!r}")
-    if not isinstance(test_every, int) or test_every < 0:
-        raise ValueError(f"test_every must be an integer >= 0, got {test_every!r}")
+    if not isinstance(test_every, int) or test_every < -1:
+        raise ValueError(f"test_every must be an integer >= -1, got {test_every!r}")
     return _layout(Path(path)).load(
-        path, downscale=downscale, white_background=white_background, test_every=test_every
+        path, downscale=downscale, white_background=white_background, test_every=test_every,
+        masks_dir=masks_dir or None, log=log,
     )

@@ -1,8 +1,10 @@
 """The types every loader returns and the trainer consumes, with the helpers loaders share.
 
 Every loader returns a :class:`SceneDataset` of :class:`Frame` objects in one convention:
-world-to-camera matrices in OpenCV axes (x right, y down, z forward), pinhole intrinsics
-already scaled to the loaded image size, float32 images in [0, 1].
+world-to-camera matrices in OpenCV axes (x right, y down, z forward), intrinsics already scaled
+to the loaded image size (a pinhole's, or an equidistant fisheye's when ``camera_model`` is
+``"fisheye"``), float32 images in [0, 1], and an optional training mask (True: the pixel
+counts; COLMAP's and nerfstudio's convention that a black mask pixel is ignored).
 
 This module is the bottom of the data floor: the loaders (``blender``, ``colmap``) import it,
 and ``dataset`` imports the loaders, so no data module imports one that imports it back.
@@ -10,11 +12,15 @@ and ``dataset`` imports the loaders, so no data module imports one that imports 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
+
+MASK_SUFFIX = ".png"
 
 
 @dataclass
@@ -28,6 +34,10 @@ class Frame:
         width, height: image size in pixels.
         image: [H, W, 3] float32 in [0, 1], already composited on the background for RGBA.
         alpha: [H, W, 1] float32 when the source had alpha, else None.
+        mask: [H, W] bool, the pixels the loss and the masked metrics count (a user's mask,
+            and the pixels an undistortion could fill), or None when every pixel counts.
+        camera_model: the rasterizer's camera that renders the frame, ``pinhole`` or
+            ``fisheye`` (equidistant; ``K`` then holds its focal lengths and centre).
     """
 
     name: str
@@ -37,6 +47,8 @@ class Frame:
     height: int
     image: torch.Tensor
     alpha: torch.Tensor | None
+    mask: torch.Tensor | None = None
+    camera_model: str = "pinhole"
 
     @property
     def camera_center(self) -> torch.Tensor:
@@ -59,8 +71,10 @@ class SceneDataset:
         scene_radius: 1.1 x the largest distance from ``scene_center`` to a train camera (3DGS's
             ``cameras_extent``, which scales the means' learning rate and densification).
         background: compositing colour of RGBA images (Blender), else (0, 0, 0).
-        kind: "blender" or "colmap".
+        kind: "blender", "colmap" or "nerfstudio".
         path: the dataset folder.
+        extras: what a source gives beyond the frames, kept for later features (nerfstudio:
+            ``depth_files``, frame name -> depth image file).
     """
 
     train: list[Frame]
@@ -72,6 +86,7 @@ class SceneDataset:
     background: tuple[float, float, float]
     kind: str = ""
     path: Path | None = None
+    extras: dict | None = None
 
 
 def split_every(names: list[str], test_every: int) -> tuple[list[int], list[int]]:
@@ -119,3 +134,76 @@ def image_to_tensors(
             torch.from_numpy(np.ascontiguousarray(alpha, dtype=np.float32)),
         )
     return torch.from_numpy(np.ascontiguousarray(rgba[:, :, :3], dtype=np.float32)), None
+
+
+def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str, Path]:
+    """Image name -> its mask in ``masks_dir``: ``<name>.png`` (COLMAP's convention, e.g.
+    ``a.jpg.png``) or ``<name without suffix>.png``; images without one are not in the dict.
+
+    Raises:
+        FileNotFoundError: ``masks_dir`` is not a folder.
+        ValueError: a mask file belongs to no image of ``images_dir`` (naming both).
+    """
+    if not masks_dir.is_dir():
+        raise FileNotFoundError(f"masks folder not found: {masks_dir}")
+    found: dict[str, Path] = {}
+    for name in names:
+        for cand in (masks_dir / (name + MASK_SUFFIX), (masks_dir / name).with_suffix(MASK_SUFFIX)):
+            if cand.is_file():
+                found[name] = cand
+                break
+    used = {p.resolve() for p in found.values()}
+    for path in sorted(masks_dir.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or path.resolve() in used:
+            continue
+        base = path.relative_to(masks_dir).as_posix().removesuffix(MASK_SUFFIX)
+        image = images_dir / base
+        if image.is_file() or any(p.is_file() for p in image.parent.glob(image.name + ".*")):
+            continue  # the mask of an image the model did not register
+        near = difflib.get_close_matches(base, names, n=1)
+        hint = f" (image {images_dir / near[0]} would take mask " \
+            f"{masks_dir / (near[0] + MASK_SUFFIX)})" if near else ""
+        raise ValueError(
+            f"mask {path} belongs to no image: no {image} or {image}.* in {images_dir}; the "
+            f"mask of image <name> is <name>{MASK_SUFFIX} or <name without suffix>"
+            f"{MASK_SUFFIX}{hint}"
+        )
+    return found
+
+
+def read_mask(path: Path, image_file: Path, image_size: tuple[int, int],
+              out_size: tuple[int, int] | None = None) -> np.ndarray:
+    """The mask file ``path`` of ``image_file`` as [h, w] bool (False where the mask is black).
+
+    ``image_size`` is the (width, height) of the image file the mask must match; with
+    ``out_size`` the mask is shrunk to it and a pixel is kept only where every mask pixel it
+    covers is.
+
+    Raises:
+        ValueError: the file is not an image, or its size is not the image's (naming both).
+    """
+    try:
+        with Image.open(path) as pil:
+            pil.load()
+            grey = np.asarray(pil.convert("L"))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"cannot read mask {path} of image {image_file}: {e}") from e
+    h, w = grey.shape
+    if (w, h) != tuple(image_size):
+        raise ValueError(
+            f"mask {path} is {w}x{h} but its image {image_file} is "
+            f"{image_size[0]}x{image_size[1]}"
+        )
+    keep = grey > 0
+    if out_size is not None and tuple(out_size) != (w, h):
+        frac = Image.fromarray(keep.astype(np.float32)).resize(
+            tuple(out_size), resample=Image.Resampling.BOX)
+        keep = np.asarray(frac) >= 1.0 - 1e-4
+    return keep
+
+
+def mask_tensor(keep: np.ndarray | None) -> torch.Tensor | None:
+    """A Frame's mask from [H, W] bool: None when every pixel is kept."""
+    if keep is None or keep.all():
+        return None
+    return torch.from_numpy(np.ascontiguousarray(keep, dtype=bool))

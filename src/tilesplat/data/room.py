@@ -119,8 +119,9 @@ def _room(o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return t, normal, material
 
 
-def shade(o: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """RGB [M, 3] in [0, 1] of rays o [3] + t d [M, 3] (|d| = 1) started inside the room."""
+def trace(o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t [M], normal [M, 3], material [M]) of the nearest surface along rays o [3] + t d
+    [M, 3] (|d| = 1) started inside the room."""
     t, normal, material = _room(o, d)
     for intersector, args, mat in _OBJECT:
         tp, n_p = intersector(o, d, *args)
@@ -128,6 +129,12 @@ def shade(o: np.ndarray, d: np.ndarray) -> np.ndarray:
         t = np.where(closer, tp, t)
         normal[closer] = n_p[closer]
         material[closer] = mat
+    return t, normal, material
+
+
+def shade(o: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """RGB [M, 3] in [0, 1] of rays o [3] + t d [M, 3] (|d| = 1) started inside the room."""
+    t, normal, material = trace(o, d)
     p = o + t[:, None] * d
     diffuse = _AMBIENT + (1.0 - _AMBIENT) * np.clip(normal @ _LIGHT, 0.0, None)
     # walls facing away from the light still get a soft bounce, not a flat ambient

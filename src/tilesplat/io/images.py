@@ -32,12 +32,14 @@ def to_uint8(image: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.round(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8))
 
 
-def write_png(path: str | Path, image: torch.Tensor | np.ndarray) -> Path:
+def write_png(path: str | Path, image: torch.Tensor | np.ndarray, compress_level: int = 6) -> Path:
     """Write ``image`` as a PNG, atomically (temp file in the same folder, then rename).
 
     Args:
         path: destination file; its folder must exist.
         image: [H, W, 3|4] (or [H, W] / [H, W, 1] grey), float in [0, 1] or uint8.
+        compress_level: zlib level, 0-9 (Pillow's default 6; 1 encodes ~5x faster, ~25 %
+            larger: what a cache wants).
 
     Returns:
         The destination path.
@@ -46,7 +48,7 @@ def write_png(path: str | Path, image: torch.Tensor | np.ndarray) -> Path:
     arr = to_uint8(image)
     pil = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)  # L, RGB or RGBA
     with atomic_writer(path, fsync=False) as f:
-        pil.save(f, format="PNG")
+        pil.save(f, format="PNG", compress_level=compress_level)
     return path
 
 

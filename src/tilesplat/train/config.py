@@ -75,7 +75,17 @@ class TrainConfig:
         True, "composite RGBA images on white (else black); Blender layout only", "data"
     )
     test_every: int = _f(
-        8, "every n-th image is a test image (COLMAP, or Blender without a test split)", "data"
+        -1,
+        "every n-th image (by name) is a test image; 0: none; -1: the dataset's own split "
+        "(Blender's test file, nerfstudio's lists or 90/10 split), else every 8th",
+        "data",
+    )
+    masks_dir: str = _f(
+        "",
+        "folder of training masks, <image name>.png, black where a pixel is ignored by the "
+        "loss, densification and metrics; empty: the dataset's own (COLMAP's masks/, "
+        "nerfstudio's mask_path) (docs/data.md)",
+        "data",
     )
     synthetic_scene: str = _f(
         "raycast",
@@ -340,8 +350,8 @@ class TrainConfig:
             "cap_max",
         ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(self.test_every >= -1, f"test_every must be >= -1, got {self.test_every}")
         for name in (
-            "test_every",
             "synthetic_test",
             "checkpoint_every",
             "eval_every",

@@ -15,8 +15,11 @@ from ..data.dataset import Frame
 from ..io.images import write_png
 from .config import TrainConfig
 from .device import training_device
+from .masks import masks_to, view_metrics
 from .metrics import psnr, ssim_metric
 from .models import Cameras, Render, model_kind
+
+METRICS = ("psnr", "ssim", "masked_psnr", "masked_ssim", "lpips")
 
 
 def render_view(
@@ -31,6 +34,7 @@ def render_view(
         width=frame.width,
         height=frame.height,
         backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
+        camera_model=frame.camera_model,
     )
     return model_kind(cfg).render(params, cams, cfg, sh_degree=cfg.sh_degree)
 
@@ -77,7 +81,8 @@ def evaluate(
         lpips_fn: an LPIPS scorer from ``metrics.make_lpips``, or None.
 
     Returns:
-        ``psnr``, ``ssim`` (and ``lpips``) averaged over the views, ``seconds_per_view``,
+        ``psnr``, ``ssim`` (and ``lpips``) averaged over the views, ``masked_psnr`` and
+        ``masked_ssim`` over the views with masks (``train/masks.py``), ``seconds_per_view``,
         ``n_views``, and ``views``: the per-view numbers.
     """
     if not frames:
@@ -102,6 +107,7 @@ def evaluate(
             "psnr": psnr(image, target),
             "ssim": ssim_metric(image, target),
         }
+        view.update(view_metrics(image, target, masks_to(frame.mask, device)))
         if lpips_fn is not None:
             view["lpips"] = lpips_fn(image, target)
         if folder is not None:
@@ -109,11 +115,11 @@ def evaluate(
             write_png(folder / name, image)
             model.write_renders(folder, name, rendered)  # the kind's own pictures beside it
         views.append(view)
-    out: dict[str, Any] = {
-        key: sum(v[key] for v in views) / len(views)
-        for key in ("psnr", "ssim", "lpips")
-        if key in views[0]
-    }
+    out: dict[str, Any] = {}
+    for key in METRICS:  # the masked ones over the views with masks
+        have = [v[key] for v in views if key in v]
+        if have:
+            out[key] = sum(have) / len(have)
     out["n_views"] = len(views)
     out["seconds_per_view"] = render_time / len(views)
     out["views"] = views

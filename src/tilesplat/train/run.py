@@ -28,7 +28,7 @@ from torch import Tensor
 from ..data.dataset import SceneDataset, load_dataset
 from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints, load_checkpoint
 from .config import TrainConfig, apply_overrides, load_config, save_config
-from .evaluate import evaluate
+from .evaluate import METRICS, evaluate
 from .metrics import make_lpips
 from .models import model_kind
 from .parallel import parallel_mode
@@ -43,6 +43,8 @@ def summary(run_dir: object, metrics: dict) -> str:
     parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
     if "lpips" in metrics:
         parts.append(f"LPIPS {metrics['lpips']:.4f}")
+    if "masked_psnr" in metrics:
+        parts.append(f"masked PSNR {metrics['masked_psnr']:.2f} dB")
     secs = metrics.get("train_seconds") or 0.0
     parts.append(
         f"{metrics['n_views']} views, {metrics['n_gaussians']} Gaussians, "
@@ -95,6 +97,8 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
         downscale=cfg.downscale,
         white_background=cfg.white_background,
         test_every=cfg.test_every,
+        masks_dir=cfg.masks_dir,
+        log=log,
     )
 
 
@@ -156,7 +160,7 @@ def write_outputs(
     metrics = {
         "step": step,
         "split": split,
-        **{k: result[k] for k in ("psnr", "ssim", "lpips") if k in result},
+        **{k: result[k] for k in METRICS if k in result},
         "n_views": result["n_views"],
         "n_gaussians": len(params["means"]),
         "train_seconds": train_seconds,

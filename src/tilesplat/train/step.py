@@ -10,6 +10,7 @@ the result; the replay passes hooks that time or capture gradients.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from ..data.dataset import Frame
 from .config import TrainConfig
-from .losses import photometric_loss
+from .masks import batch_masks, exclude_masked, masks_to, photometric_loss
 from .models import Cameras, ModelKind, model_kind
 from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
 
@@ -51,20 +52,22 @@ class Batch(Cameras):
         viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
         backgrounds: [C, 3] the colour each render is composited on.
         target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
+        masks: [C, H, W] bool, the pixels the loss counts (``train/masks.py``), or None.
     """
 
     backgrounds: Tensor
     target: Tensor
+    masks: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """This batch on ``device``."""
-        return Batch(
+        return dataclasses.replace(
+            self,
             viewmats=self.viewmats.to(device),
             Ks=self.Ks.to(device),
-            width=self.width,
-            height=self.height,
             backgrounds=self.backgrounds.to(device),
             target=self.target.to(device),
+            masks=masks_to(self.masks, device),
         )
 
 
@@ -96,8 +99,12 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
             target = recomposite(target, alpha, background, bg)
     else:
         bg = background.expand(n_cams, 3)
+    models = {f.camera_model for f in frames}
+    if len(models) > 1:
+        raise ValueError(f"a batch needs frames of one camera model, got {sorted(models)}")
     return Batch(viewmats=viewmats, Ks=Ks, width=frames[0].width, height=frames[0].height,
-                 backgrounds=bg.contiguous(), target=target)
+                 backgrounds=bg.contiguous(), target=target, camera_model=models.pop(),
+                 masks=batch_masks([f.mask for f in frames]))
 
 
 class CameraOrder:
@@ -139,15 +146,17 @@ def training_loss(
     target: Tensor,
     cfg: TrainConfig,
     share: tuple[float, int] | None = None,
+    masks: Tensor | None = None,
 ) -> Tensor:
-    """The photometric loss of ``colors`` [C, H, W, 3] plus the opacity / scale terms.
+    """The photometric loss of ``colors`` [C, H, W, 3] over the pixels ``masks`` [C, H, W]
+    keeps (all for None) plus the opacity / scale terms.
 
     ``share`` = (fraction of the batch's cameras, total Gaussian count) for one shard of a
     model-parallel job: the photometric loss is weighted by the fraction and the terms are
     sums over the shard divided by the total, so the ranks' losses add up to the whole
     batch's loss over the whole model.
     """
-    loss, _ = photometric_loss(colors, target, cfg.ssim_lambda, cfg.backend)
+    loss, _ = photometric_loss(colors, target, masks, cfg.ssim_lambda, cfg.backend)
     views, n_total = (1.0, None) if share is None else share
     if views != 1.0:
         loss = loss * views
@@ -208,7 +217,7 @@ def optimization_step(
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
-        loss = training_loss(params, colors, batch.target, cfg, loss_share)
+        loss = training_loss(params, colors, batch.target, cfg, loss_share, batch.masks)
         extra = model.regularisation(out, cfg, step)
         if extra is not None:
             loss = loss + extra
@@ -216,6 +225,7 @@ def optimization_step(
         loss.backward()
     if after_backward is not None:
         after_backward(info)
+    info = exclude_masked(info, batch.masks, model.gradient_key)  # hidden pixels: not seen
     with clock.stage("adam"):
         means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
         for opt in optimizers.values():

@@ -30,7 +30,8 @@ from .device import device_frames, training_device
 from .early_stop import should_stop
 from .history import TrainingLog
 from .init import initial_gaussians
-from .metrics import psnr_of_mse, squared_error
+from .masks import squared_error as masked_error
+from .metrics import psnr_of_mse
 from .models import model_kind
 from .parallel import parallel_mode
 from .progress import Progress
@@ -223,7 +224,7 @@ class Trainer:
         strategy.post_backward(self.params, self.optimizers, self.strategy_state, step, info,
                                packed=cfg.packed, lr=res.means_lr)
         par.after_step(self.params, self.optimizers, self.strategy_state, step)
-        return res.loss, squared_error(res.colors.clamp(0.0, 1.0), batch.target)
+        return res.loss, masked_error(res.colors.clamp(0.0, 1.0), batch.target, batch.masks)
 
     # --- the loop ------------------------------------------------------------------------
 

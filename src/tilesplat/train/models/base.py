@@ -10,7 +10,7 @@ class and its import in ``models/__init__.py`` (docs/README.md, "where things go
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,6 +27,7 @@ class Cameras:
     Attributes:
         viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
         backgrounds: [C, 3], or None for black.
+        camera_model: the rasterizer's ``camera_model`` of all C (``pinhole`` or ``fisheye``).
     """
 
     viewmats: Tensor
@@ -34,6 +35,7 @@ class Cameras:
     width: int
     height: int
     backgrounds: Tensor | None
+    camera_model: str = field(default="pinhole", kw_only=True)
 
 
 def render_args(cams: Cameras, cfg: TrainConfig, sh_degree: int) -> dict[str, Any]:

@@ -34,5 +34,6 @@ class Gaussians(ModelKind):
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
             backward_scheme=cfg.backward_scheme,
             distributed=distributed,
+            camera_model=cams.camera_model,
         )
         return Render(colors, alphas, info)

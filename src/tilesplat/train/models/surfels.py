@@ -80,7 +80,16 @@ def render_surfels(
     expected_depth: bool = False,
 ) -> SurfelRender:
     """Render the surfels from the C cameras ``cams`` with :func:`tilesplat.rasterization_2dgs`
-    (``RGB+ED`` with ``expected_depth``, else ``RGB+D``)."""
+    (``RGB+ED`` with ``expected_depth``, else ``RGB+D``).
+
+    Raises:
+        ValueError: the cameras are not pinhole (rasterization_2dgs has no fisheye).
+    """
+    if cams.camera_model != "pinhole":
+        raise ValueError(
+            f"model = '2dgs' renders pinhole cameras only, the dataset has {cams.camera_model} "
+            "cameras: train it with model = '3dgs'"
+        )
     renders, alphas, normals, from_depth, distort, median, info = rasterization_2dgs(
         **activated(params),
         **render_args(cams, cfg, sh_degree),

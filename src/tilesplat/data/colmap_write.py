@@ -1,0 +1,84 @@
+"""Writers of COLMAP's sparse model files, binary and text (https://colmap.github.io/format.html).
+
+The captures the tests and benchmarks ray cast (:mod:`.captures`) are written with these, in
+either format, so that both of :mod:`.colmap_format`'s readers are exercised. Images carry no
+2D points and points no tracks (neither is read by tilesplat). Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..io.atomic import atomic_write_bytes
+from .colmap_format import MODEL_IDS, ColmapCamera, ColmapImage
+
+
+def _f(v: float) -> str:
+    return repr(float(v))
+
+
+def write_model(
+    sparse: str | Path,
+    cameras: list[ColmapCamera],
+    images: list[ColmapImage],
+    xyz: np.ndarray,  # [P, 3]
+    rgb: np.ndarray,  # [P, 3] uint8
+    fmt: str = "bin",
+) -> Path:
+    """Write ``cameras``, ``images`` and ``points3D`` into the folder ``sparse`` (created) as
+    ``.bin`` (``fmt = "bin"``) or ``.txt`` files. Returns the folder."""
+    if fmt not in ("bin", "txt"):
+        raise ValueError(f"fmt must be 'bin' or 'txt', got {fmt!r}")
+    out = Path(sparse)
+    out.mkdir(parents=True, exist_ok=True)
+    xyz = np.asarray(xyz, dtype=np.float64).reshape(-1, 3)
+    rgb = np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)
+    if fmt == "txt":
+        cams = "".join(
+            f"{c.camera_id} {c.model} {c.width} {c.height} "
+            + " ".join(_f(v) for v in c.params) + "\n" for c in cameras
+        )
+        ims = "".join(
+            f"{im.image_id} {' '.join(_f(v) for v in (*im.qvec, *im.tvec))} {im.camera_id} "
+            f"{im.name}\n\n" for im in images
+        )
+        pts = "".join(
+            f"{j + 1} {_f(p[0])} {_f(p[1])} {_f(p[2])} {c[0]} {c[1]} {c[2]} 0.5\n"
+            for j, (p, c) in enumerate(zip(xyz.tolist(), rgb.tolist(), strict=True))
+        )
+        for stem, text in (("cameras", cams), ("images", ims), ("points3D", pts)):
+            atomic_write_bytes(out / f"{stem}.txt", text.encode("utf-8"), fsync=False)
+        return out
+    buf = bytearray(struct.pack("<Q", len(cameras)))
+    for c in cameras:
+        buf += struct.pack("<iiQQ", c.camera_id, MODEL_IDS[c.model][0], c.width, c.height)
+        buf += struct.pack(f"<{len(c.params)}d", *c.params)
+    atomic_write_bytes(out / "cameras.bin", bytes(buf), fsync=False)
+    buf = bytearray(struct.pack("<Q", len(images)))
+    for im in images:
+        buf += struct.pack("<i7di", im.image_id, *im.qvec, *im.tvec, im.camera_id)
+        buf += im.name.encode("utf-8") + b"\0" + struct.pack("<Q", 0)
+    atomic_write_bytes(out / "images.bin", bytes(buf), fsync=False)
+    buf = bytearray(struct.pack("<Q", len(xyz)))
+    for j, (p, c) in enumerate(zip(xyz, rgb, strict=True)):
+        buf += struct.pack("<Q3d3BdQ", j + 1, *p, *c, 0.5, 0)
+    atomic_write_bytes(out / "points3D.bin", bytes(buf), fsync=False)
+    return out
+
+
+def rotmat_to_qvec(r: np.ndarray) -> np.ndarray:
+    """[4] unit quaternion (w, x, y, z), w >= 0, of a rotation matrix [3, 3] (the inverse of
+    :func:`.colmap_format.qvec_to_rotmat`; Bar-Itzhack's symmetric-matrix method)."""
+    r = np.asarray(r, dtype=np.float64)
+    k = np.array([
+        [r[0, 0] - r[1, 1] - r[2, 2], r[1, 0] + r[0, 1], r[2, 0] + r[0, 2], r[2, 1] - r[1, 2]],
+        [r[1, 0] + r[0, 1], r[1, 1] - r[0, 0] - r[2, 2], r[2, 1] + r[1, 2], r[0, 2] - r[2, 0]],
+        [r[2, 0] + r[0, 2], r[2, 1] + r[1, 2], r[2, 2] - r[0, 0] - r[1, 1], r[1, 0] - r[0, 1]],
+        [r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], r[0, 0] + r[1, 1] + r[2, 2]],
+    ]) / 3.0
+    w, v = np.linalg.eigh(k)
+    q = v[[3, 0, 1, 2], np.argmax(w)]
+    return q if q[0] >= 0 else -q

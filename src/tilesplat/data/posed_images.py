@@ -1,0 +1,155 @@
+"""Posed images of a calibrated capture to :class:`.frames.Frame` objects: what the COLMAP and
+nerfstudio readers share once they have found each image's file, camera, pose and mask.
+
+For each :class:`Shot` this reads the image (from the ``images_N`` folder when the reader
+names one and it exists, else the full image shrunk by ``downscale``), its mask (shrunk the
+same way), and trains its camera as :func:`.undistort.plan` says: pinhole or fisheye as it
+is, or undistorted (with the images and masks remapped, and the result cached beside the
+dataset by :class:`.undistort_cache.UndistortCache`). One line per distinct camera says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..io.images import image_size, read_image, resize_image
+from .frames import Frame, image_to_tensors, mask_tensor, read_mask
+from .undistort import Camera, Plan, Remap, plan
+from .undistort_cache import UndistortCache, file_stamp
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Shot:
+    """One posed image as a reader found it.
+
+    Attributes:
+        name: the frame's name (the image's file stem).
+        key: unique among the dataset's shots (the image's name in the model).
+        image_file: the full-resolution image.
+        camera: its camera at the full resolution.
+        viewmat: [4, 4] float64 world-to-camera, OpenCV axes.
+        mask_file: its mask at the full resolution, or None.
+        downscaled: ``{N: (image file, mask file or None)}`` of the reader's ``images_N`` (and
+            ``masks_N``) folders, used when they exist for the asked ``downscale``.
+    """
+
+    name: str
+    key: str
+    image_file: Path
+    camera: Camera
+    viewmat: np.ndarray
+    mask_file: Path | None = None
+    downscaled: dict[int, tuple[Path, Path | None]] | None = None
+
+
+def _source(shot: Shot, downscale: int) -> tuple[Path, Path | None, tuple[int, int], Camera]:
+    """(image file, mask file, loaded (w, h), camera at the loaded size) of ``shot``."""
+    cam = shot.camera
+    pre = (shot.downscaled or {}).get(downscale)
+    if downscale > 1 and pre is not None and pre[0].is_file():
+        w, h = image_size(pre[0])
+        # images_N folders are made with rounding up or down depending on the tool
+        if abs(w - cam.width / downscale) > 1 or abs(h - cam.height / downscale) > 1:
+            raise ValueError(
+                f"{pre[0]}: image is {w}x{h} but the camera is {cam.width}x{cam.height}, so "
+                f"this folder should hold {cam.width // downscale}x{cam.height // downscale} "
+                "images"
+            )
+        mask = pre[1] if pre[1] is not None and pre[1].is_file() else shot.mask_file
+        return pre[0], mask, (w, h), cam.scaled(w / cam.width, h / cam.height)
+    if not shot.image_file.is_file():
+        raise FileNotFoundError(f"image of '{shot.key}' not found: {shot.image_file}")
+    w, h = image_size(shot.image_file)
+    if (w, h) != (cam.width, cam.height):
+        raise ValueError(
+            f"{shot.image_file}: image is {w}x{h} but its camera ({cam.model}) is "
+            f"{cam.width}x{cam.height}"
+        )
+    size = (max(1, w // downscale), max(1, h // downscale))
+    return shot.image_file, shot.mask_file, size, cam.scaled(size[0] / w, size[1] / h)
+
+
+def _read(image_file: Path, mask_file: Path | None, size: tuple[int, int]
+          ) -> tuple[np.ndarray, np.ndarray | None]:
+    img = read_image(image_file)
+    full = (img.shape[1], img.shape[0])
+    if full != size:
+        img = resize_image(img, *size)
+    keep = None
+    if mask_file is not None:
+        # a mask of the loaded size (masks_N/) or of the image file's
+        ref = size if image_size(mask_file) == size else full
+        keep = read_mask(mask_file, image_file, ref, size)
+    return img, keep
+
+
+def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[Frame]:
+    """The frames of ``shots`` (same order), undistorted where their cameras need it.
+
+    Raises:
+        FileNotFoundError / ValueError: a missing or unreadable image or mask, a size that
+            does not match the camera, an unsupported camera model (each naming the file).
+    """
+    sources = [_source(s, downscale) for s in shots]
+    plans: dict[Camera, Plan] = {}
+    for _, _, _, cam in sources:
+        if cam not in plans:
+            plans[cam] = plan(cam)
+            log(f"camera {plans[cam].note}")
+    remapped = [i for i, src in enumerate(sources) if plans[src[3]].remap]
+    cache = None
+    if remapped:
+        parts = {
+            "downscale": downscale,
+            "frames": [[shots[i].key, file_stamp(sources[i][0], root),
+                        file_stamp(sources[i][1], root),
+                        list(sources[i][3].params), sources[i][3].model,
+                        list(plans[sources[i][3]].target.params)] for i in remapped],
+        }
+        cache = UndistortCache(root, parts, [shots[i].key for i in remapped], log)
+    try:
+        frames = _load_frames(shots, sources, plans, cache)
+    except BaseException:
+        if cache is not None:
+            cache.abandon()
+        raise
+    if cache is not None:
+        cache.finish()
+    return frames
+
+
+def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
+                 cache: UndistortCache | None) -> list[Frame]:
+    tables: dict[Camera, Remap] = {}
+    frames = []
+    for shot, (image_file, mask_file, size, cam) in zip(shots, sources, strict=True):
+        p = plans[cam]
+        if p.remap and cache is not None and cache.hit:
+            img, keep = cache.read(shot.key)
+        else:
+            img, keep = _read(image_file, mask_file, size)
+            if p.remap:
+                table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
+                img, keep = table.image(img[:, :, :3]), table.mask(keep)
+                if cache is not None:
+                    cache.write(shot.key, img, keep)
+        rgb, alpha = image_to_tensors(img, (0.0, 0.0, 0.0))
+        frames.append(Frame(
+            name=shot.name,
+            viewmat=torch.from_numpy(shot.viewmat).float(),
+            K=torch.from_numpy(p.target.K()).float(),
+            width=rgb.shape[1],
+            height=rgb.shape[0],
+            image=rgb,
+            alpha=alpha,
+            mask=mask_tensor(keep),
+            camera_model=p.target.camera_model,
+        ))
+    return frames
