@@ -45,6 +45,19 @@ def test_a_downscaled_frame_averages_pixels_and_keeps_pixel_centres():
     assert downscaled(f, 1) is f
 
 
+def test_a_downscaled_mask_keeps_only_whole_blocks():
+    import dataclasses
+
+    f = _frame(w=8, h=4)
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    mask[1, 5] = False  # one ignored pixel: its 2x2 block is ignored at 1/2
+    d = downscaled(dataclasses.replace(f, mask=mask, camera_model="fisheye"), 2)
+    expected = torch.ones(2, 4, dtype=torch.bool)
+    expected[0, 2] = False
+    assert torch.equal(d.mask, expected) and d.camera_model == "fisheye"
+    assert downscaled(f, 2).mask is None
+
+
 def test_the_pyramid_makes_each_level_once():
     frames = [_frame(w=40, h=34, seed=i) for i in range(3)]
     pyr = FramePyramid(frames)

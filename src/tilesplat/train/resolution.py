@@ -60,9 +60,17 @@ def _area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.interpolate(chw, size=(height, width), mode="area")[0].permute(1, 2, 0).contiguous()
 
 
+def _all_kept(mask: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[H, W] bool to [height, width] bool: a coarse pixel is kept when all its fine pixels
+    are (an ignored pixel's content must not leak into the coarse target)."""
+    kept = F.interpolate(mask[None, None].float(), size=(height, width), mode="area")[0, 0]
+    return kept >= 1.0 - 1e-6
+
+
 def downscaled(frame: Frame, factor: int) -> Frame:
     """``frame`` at 1 / ``factor`` of its size (at least 1 pixel): image and alpha averaged,
-    intrinsics scaled so that each coarse pixel's centre sees what its fine pixels saw."""
+    a training mask kept where all its fine pixels are, intrinsics scaled so that each coarse
+    pixel's centre sees what its fine pixels saw (a pinhole's or a fisheye's alike)."""
     if factor == 1:
         return frame
     height, width = max(1, frame.height // factor), max(1, frame.width // factor)
@@ -77,6 +85,7 @@ def downscaled(frame: Frame, factor: int) -> Frame:
         height=height,
         image=_area(frame.image, height, width),
         alpha=None if frame.alpha is None else _area(frame.alpha, height, width),
+        mask=None if frame.mask is None else _all_kept(frame.mask, height, width),
     )
 
 
