@@ -13,7 +13,7 @@ from tilesplat.data.frames import Frame
 from tilesplat.strategy import BudgetStrategy
 from tilesplat.train.config import TrainConfig, apply_overrides, config_from_dict
 from tilesplat.train.recipes import FAST
-from tilesplat.train.resolution import FramePyramid, downscale_factor, downscaled
+from tilesplat.train.resolution import CoarseFrames, downscale_factor, downscaled
 
 
 def _frame(w=20, h=12, seed=0, alpha=True):
@@ -58,15 +58,15 @@ def test_a_downscaled_mask_keeps_only_whole_blocks():
     assert downscaled(f, 2).mask is None
 
 
-def test_the_pyramid_makes_each_level_once():
+def test_coarse_frames_are_capped_at_16_pixels_a_side():
     frames = [_frame(w=40, h=34, seed=i) for i in range(3)]
-    pyr = FramePyramid(frames)
-    assert pyr.frame(1, 1) is frames[1]
-    a = pyr.frame(2, 2)
-    assert pyr.frame(2, 2) is a and (a.width, a.height) == (20, 17)
+    coarse = CoarseFrames(frames)
+    assert coarse.frame(1, 1) is frames[1]
+    a = coarse.frame(2, 2)
+    assert (a.width, a.height) == (20, 17) and torch.equal(a.image, downscaled(frames[2], 2).image)
     # no coarse image under 16 pixels a side (the SSIM window is 11): 1/4 would give 10x8
-    assert pyr.max_factor == 2 and pyr.frame(2, 4) is a
-    assert FramePyramid([_frame(w=20, h=12)]).max_factor == 1
+    assert coarse.max_factor == 2 and coarse.frame(2, 4).width == 20
+    assert CoarseFrames([_frame(w=20, h=12)]).max_factor == 1
 
 
 def test_schedule_keys_are_checked():

@@ -26,7 +26,7 @@ def time_to_psnr_image(result: dict[str, Any]) -> np.ndarray:
             continue
         arm = r["arm"]
         # one legend entry per arm: its first run carries the name
-        name = "" if arm in named else result["arms"][arm].get("name", arm)[-12:]
+        name = "" if arm in named else Path(result["arms"][arm].get("name", arm)).stem[-16:]
         named.add(arm)
         series.append(([c[0] for c in curve], [c[2] for c in curve], ARM_COLORS[arm], name))
     target = result.get("target_psnr_db")

@@ -90,7 +90,7 @@ def panel(
                 for u, v in line:
                     draw.ellipse([u - 2, v - 2, u + 2, v + 2], fill=color)
         if name and line:
-            draw.text((right - 60, legend_y), name, fill=color)
+            draw.text((right - 6 * len(name) - 4, legend_y), name, fill=color)  # 6 px a char
             legend_y += 12
 
 

@@ -5,7 +5,7 @@ resolution, by powers of two).
 With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the downscale
 factor is F over the first ``a * steps / (log2 F + 1)`` steps, then F / 2, ... and 1 from
 ``a * steps`` on. A step's images are the frames' area averages at that factor, with the
-intrinsics scaled to match (pixel centres stay centres), computed once per frame and factor;
+intrinsics scaled to match (pixel centres stay centres), made for each batch and not kept;
 the batch renders at that size. Early steps then rasterize a fraction of the pixels while the
 Gaussians are still few and large, which is when coarse images lose nothing.
 """
@@ -89,8 +89,10 @@ def downscaled(frame: Frame, factor: int) -> Frame:
     )
 
 
-class FramePyramid:
-    """The training frames at each downscale factor a run uses, made on first use.
+class CoarseFrames:
+    """The training frames at a step's downscale factor, averaged down for each batch and not
+    kept: the schedule adds no memory (a level of 100 images of 1080p at 1/2 would hold 0.6
+    GB), and an area average costs a small fraction of a step.
 
     A factor is capped so that no coarse image is under ``MIN_SIDE`` pixels on a side (the
     SSIM window of the loss is 11 pixels): small images train at a smaller factor, or at full
@@ -99,7 +101,6 @@ class FramePyramid:
 
     def __init__(self, frames: Sequence[Frame]) -> None:
         self.frames = list(frames)
-        self._levels: dict[int, list[Frame | None]] = {1: list(self.frames)}
         side = min((min(f.width, f.height) for f in self.frames), default=MIN_SIDE)
         self.max_factor = 1
         while side // (2 * self.max_factor) >= MIN_SIDE:
@@ -108,9 +109,4 @@ class FramePyramid:
     def frame(self, index: int, factor: int) -> Frame:
         """Frame ``index`` at 1 / ``factor`` of its size (the frame itself at 1), the factor
         capped at :attr:`max_factor`."""
-        factor = min(factor, self.max_factor)
-        level = self._levels.setdefault(factor, [None] * len(self.frames))
-        got = level[index]
-        if got is None:
-            got = level[index] = downscaled(self.frames[index], factor)
-        return got
+        return downscaled(self.frames[index], min(factor, self.max_factor))

@@ -35,7 +35,7 @@ from .metrics import psnr_of_mse
 from .models import model_kind
 from .parallel import parallel_mode
 from .progress import Progress
-from .resolution import FramePyramid, downscale_factor
+from .resolution import CoarseFrames, downscale_factor
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
 from .stop import StopRequest
@@ -77,7 +77,7 @@ class Trainer:
         self.device = training_device(cfg)
         self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
         self.train_frames = device_frames(dataset.train, self.device)
-        self.pyramid = FramePyramid(self.train_frames)  # the images at the schedule's sizes
+        self.coarse = CoarseFrames(self.train_frames)  # the images at the schedule's sizes
         self.model = model_kind(cfg)
         self.strategy = seams.strategy(cfg, self.model.gradient_key)
         self.scene_scale = float(dataset.scene_radius)
@@ -201,7 +201,7 @@ class Trainer:
         cfg, par, strategy = self.cfg, self.parallel, self.strategy
         indices = par.my_cameras(self.batch_indices(step))
         factor = downscale_factor(cfg, step)
-        frames = [self.pyramid.frame(i, factor) for i in indices]
+        frames = [self.coarse.frame(i, factor) for i in indices]
         batch = make_batch(frames, self.background, cfg.random_background).to(self.device)
         res = optimization_step(
             self.params,
