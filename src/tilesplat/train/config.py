@@ -236,7 +236,10 @@ class TrainConfig:
         "optim",
     )
     resolution_full_at: float = _f(
-        0.5, "resolution schedule: fraction of the steps from which images are full size", "optim"
+        0.5,
+        "resolution schedule: fraction of the steps it spans, cut into equal parts for the "
+        "factors resolution_start, ..., 2, 1 (with 4: full size from 2/3 of it on)",
+        "optim",
     )
 
     normal_lambda: float = _f(

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 FAST: dict[str, Any] = {
-    # coarse images first: 1/4 size until step 225, 1/2 until 450, then full (DashGaussian)
+    # coarse images first: over 3000 steps, 1/4 size until step 150, 1/2 until 300, then
+    # full (DashGaussian)
     "resolution_start": 4,
     "resolution_full_at": 0.15,
     # densify from step 100 to 700, every 50 steps: the set of Gaussians is whole early

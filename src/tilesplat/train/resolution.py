@@ -2,12 +2,13 @@
 (DashGaussian, Chen et al. 2025, schedules resolution and primitive count together; here the
 resolution, by powers of two).
 
-With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the downscale
-factor is F over the first ``a * steps / (log2 F + 1)`` steps, then F / 2, ... and 1 from
-``a * steps`` on. A step's images are the frames' area averages at that factor, with the
-intrinsics scaled to match (pixel centres stay centres), made for each batch and not kept;
-the batch renders at that size. Early steps then rasterize a fraction of the pixels while the
-Gaussians are still few and large, which is when coarse images lose nothing.
+With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the first
+``a * steps`` steps are cut into ``log2 F + 1`` equal parts, at the factors F, F / 2, ..., 1;
+the factor stays 1 after them (with F = 4: full size from ``2/3 * a * steps`` on).
+A step's images are the frames' area averages at that factor, with the intrinsics scaled to
+match (pixel centres stay centres), made for each batch and not kept; the batch renders at
+that size. Early steps then rasterize a fraction of the pixels while the Gaussians are still
+few and large, which is when coarse images lose nothing.
 """
 
 from __future__ import annotations
@@ -47,10 +48,8 @@ def downscale_factor(cfg: TrainConfig, step: int) -> int:
     if start <= 1:
         return 1
     levels = int(math.log2(start)) + 1  # start, start / 2, ..., 1
-    full = cfg.resolution_full_at * cfg.steps
-    if step >= full:
-        return 1
-    level = min(int(step * levels // full), levels - 1)
+    span = cfg.resolution_full_at * cfg.steps
+    level = min(int(step * levels // span), levels - 1)
     return start >> level
 
 
