@@ -81,6 +81,13 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+def _paired_pct(pairs: list[dict[str, dict[str, Any]]], key: str) -> dict[str, Any]:
+    """Statistics of candidate / base - 1 of ``key``, in percent, over the pairs where both
+    runs have it (and the base's is not 0)."""
+    return _stats([100.0 * (p["cand"][key] / p["base"][key] - 1.0) for p in pairs
+                   if p["cand"].get(key) is not None and p["base"].get(key)])
+
+
 def time_to(curve: list[list[float]], target: float) -> float | None:
     """The first training time of ``curve`` ([seconds, step, PSNR] rows) whose PSNR reaches
     ``target``; None when none does."""
@@ -123,16 +130,8 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
             by_repeat.setdefault(r["repeat"], {})[r["arm"]] = r
     pairs = [p for _, p in sorted(by_repeat.items()) if len(p) == 2]
     deltas = {
-        "wall_pct": _stats(
-            [100.0 * (p["cand"]["wall_s"] / p["base"]["wall_s"] - 1.0) for p in pairs]
-        ),
-        "train_time_pct": _stats(
-            [
-                100.0 * (p["cand"]["train_s"] / p["base"]["train_s"] - 1.0)
-                for p in pairs
-                if p["base"]["train_s"] > 0
-            ]
-        ),
+        "wall_pct": _paired_pct(pairs, "wall_s"),
+        "train_time_pct": _paired_pct(pairs, "train_s"),
         "psnr_db": _stats([p["cand"]["psnr"] - p["base"]["psnr"] for p in pairs]),
         "time_to_psnr_ratio": _stats(
             [
@@ -141,13 +140,7 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
                 if p["cand"]["time_to_psnr_s"] is not None and p["base"]["time_to_psnr_s"]
             ]
         ),
-        "peak_rss_pct": _stats(
-            [
-                100.0 * (p["cand"]["peak_rss_mib"] / p["base"]["peak_rss_mib"] - 1.0)
-                for p in pairs
-                if p["cand"].get("peak_rss_mib") and p["base"].get("peak_rss_mib")
-            ]
-        ),
+        "peak_rss_pct": _paired_pct(pairs, "peak_rss_mib"),
         "pairs": len(pairs),
     }
     reasons = []
