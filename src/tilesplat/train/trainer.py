@@ -277,7 +277,7 @@ class Trainer:
                                 f"{cfg.early_stop_min_db} dB in the last "
                                 f"{cfg.early_stop_patience} evaluations"
                             )
-                            done = True
+                            break  # the checkpoint below the loop holds this step
                     # every rank stops at the same step, so that a checkpoint is whole
                     if self.parallel.any_rank(stop.requested):
                         progress.close()
