@@ -34,7 +34,9 @@ if not INNER:
         assert len(passed) >= 8, passed
 
 else:
+    import numpy as np
     import torch
+    from numba import cuda
 
     import tilesplat
     from helpers import assert_close, cameras, random_gaussians, tile_grid
@@ -189,3 +191,50 @@ else:
         assert stats["launches"] == 9, stats
         assert stats["launcher_calls"] == 8, stats
         assert 0 < stats["host_s"] < stats["host_s"] + stats["kernel_s"]
+
+    def test_a_blocks_threads_share_one_shared_array():
+        """numba-cuda's simulator allocates a shared array when the first thread reaches its
+        line, without a lock: threads released together could each get their own (about 1
+        round in 8 of 64 threads), and one then read an unwritten batch (a CI failure in
+        rasterize_fwd). backends/cuda/simulator.py installs a locked allocation; here 64
+        threads reach the line at once, 100 times, with the interpreter switching threads
+        as often as it can, and every thread of a round must get the same array."""
+        import sys
+        import threading
+
+        from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            for _ in range(100):
+                shared = FakeCUDAShared(0)
+                got = [None] * 64
+                barrier = threading.Barrier(64, timeout=30)
+
+                def reach(i, shared=shared, got=got, barrier=barrier):
+                    barrier.wait()
+                    got[i] = shared.array(16, np.int32)
+
+                threads = [threading.Thread(target=reach, args=(i,)) for i in range(64)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=30)
+                assert len({id(a) for a in got}) == 1
+        finally:
+            sys.setswitchinterval(interval)
+
+        out = np.zeros((4, 32), np.int32)
+        _rotate[4, 32](out)  # the same through a kernel: one array per call site
+        assert (out == (np.arange(32) + 1) % 32).all()
+
+    @cuda.jit
+    def _rotate(out):
+        """out[b, t] = t + 1 (mod 32), through a shared array (at module level: the simulator
+        swaps ``cuda`` for its fake module in a kernel's globals only)."""
+        s = cuda.shared.array(32, np.int32)
+        t = cuda.threadIdx.x
+        s[t] = t
+        cuda.syncthreads()
+        out[cuda.blockIdx.x, t] = s[(t + 1) % 32]

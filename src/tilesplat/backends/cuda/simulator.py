@@ -1,14 +1,24 @@
-"""Warp intrinsics (and an exact ``fma``) for numba's CUDA simulator, which has none.
+"""Warp intrinsics (and an exact ``fma``) for numba's CUDA simulator, which has none, and a
+race-free ``cuda.shared.array``.
 
 The simulator runs every thread of a block as a Python thread and emulates ``syncthreads``
 but not ``shfl_*_sync``/``any_sync``/``ballot_sync``. The kernels of this backend use them
 only with the full mask in warp-uniform control flow, so a barrier over the lanes of a warp
-gives the hardware's result. Installed once, when the backend is imported under
+gives the hardware's result.
+
+The simulator hands out a block's shared arrays by call site (file and line): the first
+thread to reach the line allocates, the others look the array up. numba-cuda 0.30 does the
+look-up and the store without a lock, so two threads of a block that reach the line at once
+can each allocate their own array; one of them then reads an uninitialised buffer where the
+block wrote its batch (seen as an out-of-range Gaussian id in ``rasterize_fwd``, once in a CI
+run; ~1 round in 8 of 64 threads released together). Here the look-up and the allocation
+hold one lock. Installed once, when the backend is imported under
 ``NUMBA_ENABLE_CUDASIM=1``; nothing here runs on a GPU.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from fractions import Fraction
 
@@ -83,10 +93,40 @@ def _fma(self, a, b, c):
     return type(a)(float(exact))
 
 
+_shared_lock = threading.Lock()
+
+
+def _shared_array(self, shape, dtype, alignment=None):
+    """``cuda.shared.array`` with the look-up and the allocation under one lock, so that every
+    thread of the block gets the one array of its call site (dynamic shared memory, shape 0,
+    is one buffer already and goes to the simulator's own)."""
+    if shape == 0 or alignment is not None:
+        return _simulator_shared_array(self, shape, dtype, alignment)
+    from numba.cuda.simulator import kernelapi
+
+    if isinstance(dtype, kernelapi.types.Type):
+        dtype = kernelapi.numpy_support.as_dtype(dtype)
+    caller = sys._getframe(1)
+    site = (caller.f_code.co_filename, caller.f_lineno)
+    with _shared_lock:
+        arr = self._allocations.get(site)
+        if arr is None:
+            arr = self._allocations[site] = np.empty(shape, dtype)
+    return arr
+
+
+_simulator_shared_array = None
+
+
 def install() -> None:
     """Adds the warp intrinsics and an exact ``fma`` to the simulator's fake ``cuda``
-    module (idempotent)."""
-    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    module and makes its shared arrays race-free (idempotent)."""
+    global _simulator_shared_array
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule, FakeCUDAShared
+
+    if FakeCUDAShared.array is not _shared_array:
+        _simulator_shared_array = FakeCUDAShared.array
+        FakeCUDAShared.array = _shared_array
 
     FakeCUDAModule.fma = _fma
     FakeCUDAModule.shfl_xor_sync = _shfl_xor_sync
