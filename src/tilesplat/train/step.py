@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..data.dataset import Frame
 from .config import TrainConfig
+from .features import Feature
 from .masks import batch_masks, exclude_masked, masks_to, photometric_loss
 from .models import Cameras, ModelKind, model_kind
 from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
@@ -53,11 +54,14 @@ class Batch(Cameras):
         backgrounds: [C, 3] the colour each render is composited on.
         target: [C, H, W, 3] images in [0, 1], composited on ``backgrounds``.
         masks: [C, H, W] bool, the pixels the loss counts (``train/masks.py``), or None.
+        views: [C] long, the training-image index of each camera (what per-image features,
+            ``train/features.py``, index), or None where the batch is not of training images.
     """
 
     backgrounds: Tensor
     target: Tensor
     masks: Tensor | None = None
+    views: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """This batch on ``device``."""
@@ -68,6 +72,7 @@ class Batch(Cameras):
             backgrounds=self.backgrounds.to(device),
             target=self.target.to(device),
             masks=masks_to(self.masks, device),
+            views=None if self.views is None else self.views.to(device),
         )
 
 
@@ -79,8 +84,14 @@ def recomposite(image: Tensor, alpha: Tensor, old_bg: Tensor, new_bg: Tensor) ->
     return image + (new_bg - old_bg)[:, None, None, :] * (1.0 - alpha)
 
 
-def make_batch(frames: Sequence[Frame], background: Tensor, random_background: bool) -> Batch:
-    """The batch of ``frames`` (one image size); ``background`` [3] is the dataset's.
+def make_batch(
+    frames: Sequence[Frame],
+    background: Tensor,
+    random_background: bool,
+    views: Sequence[int] | None = None,
+) -> Batch:
+    """The batch of ``frames`` (one image size); ``background`` [3] is the dataset's;
+    ``views``: the frames' training-image indices (:attr:`Batch.views`).
 
     With ``random_background`` every camera gets a colour from the global torch RNG (one
     ``torch.rand(C, 3)`` draw on the CPU, whatever the device) and the targets with alpha are
@@ -104,7 +115,8 @@ def make_batch(frames: Sequence[Frame], background: Tensor, random_background: b
         raise ValueError(f"a batch needs frames of one camera model, got {sorted(models)}")
     return Batch(viewmats=viewmats, Ks=Ks, width=frames[0].width, height=frames[0].height,
                  backgrounds=bg.contiguous(), target=target, camera_model=models.pop(),
-                 masks=batch_masks([f.mask for f in frames]))
+                 masks=batch_masks([f.mask for f in frames]),
+                 views=None if views is None else torch.tensor(list(views), dtype=torch.long))
 
 
 class CameraOrder:
@@ -197,6 +209,7 @@ def optimization_step(
     clock: StageClock | None = None,
     distributed: bool = False,
     loss_share: tuple[float, int] | None = None,
+    features: Sequence[Feature] = (),
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
@@ -206,21 +219,35 @@ def optimization_step(
     ``params[name].grad``, before Adam consumes them. ``clock`` times the stages
     ``render``, ``loss``, ``backward`` and ``adam``. ``distributed`` renders a shard of a
     model-parallel job (``rasterization(distributed=True)``) and ``loss_share`` weighs its
-    loss (:func:`training_loss`).
+    loss (:func:`training_loss`). ``features`` act around the render, in order
+    (``train/features.py``): on the cameras before it, on the colours after it, with loss
+    terms, and with their own optimiser steps after the Gaussians'. The result's ``colors``
+    are what the loss compared with the targets (the render after the features' colour
+    transforms).
     """
     clock = clock if clock is not None else _NoClock()
     model = model if model is not None else model_kind(cfg)
     with clock.stage("render"):
-        out = model.render(params, batch, cfg, sh_degree_at(cfg, step), step=step,
+        cams = batch
+        for f in features:
+            cams = f.cameras(cams, step)
+        out = model.render(params, cams, cfg, sh_degree_at(cfg, step), step=step,
                            absgrad=absgrad, distributed=distributed)
         colors, info = out.colors, out.info
     if before_backward is not None:
         before_backward(info)
     with clock.stage("loss"):
-        loss = training_loss(params, colors, batch.target, cfg, loss_share, batch.masks)
+        seen = colors
+        for f in features:
+            seen = f.colors(seen, cams, step)
+        loss = training_loss(params, seen, batch.target, cfg, loss_share, batch.masks)
         extra = model.regularisation(out, cfg, step)
         if extra is not None:
             loss = loss + extra
+        for f in features:
+            term = f.loss(out, cams, step)
+            if term is not None:
+                loss = loss + term
     with clock.stage("backward"):
         loss.backward()
     if after_backward is not None:
@@ -231,7 +258,9 @@ def optimization_step(
         for opt in optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
-    return StepResult(loss.detach(), colors.detach(), info, means_lr)
+        for f in features:
+            f.optimizer_step(step)
+    return StepResult(loss.detach(), seen.detach(), info, means_lr)
 
 
 def restore_model(

@@ -28,6 +28,7 @@ from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
 from .device import device_frames, training_device
 from .early_stop import should_stop
+from .features import build_features, features_state, load_features_state
 from .history import TrainingLog
 from .init import initial_gaussians
 from .masks import squared_error as masked_error
@@ -81,6 +82,9 @@ class Trainer:
         self.model = model_kind(cfg)
         self.strategy = seams.strategy(cfg, self.model.gradient_key)
         self.scene_scale = float(dataset.scene_radius)
+        # the features the config switches on (train/features.py), before a checkpoint's
+        # state is loaded into them
+        self.features = build_features(cfg, dataset, self.device)
         if checkpoint is None:
             torch.manual_seed(cfg.seed)  # on the CPU and every GPU
             # drawn on the CPU, so that every device starts from the same Gaussians
@@ -145,6 +149,7 @@ class Trainer:
             "window": list(self.training_log.window),
             "elapsed": self.elapsed,
             "scene_scale": self.scene_scale,
+            "features": features_state(self.features),
         }
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
@@ -161,6 +166,7 @@ class Trainer:
         self.strategy_state = to_device(dict(ckpt["strategy_state"]), self.device)
         self.training_log = TrainingLog(ckpt["history"], ckpt["window"])
         self.elapsed = float(ckpt["elapsed"])
+        load_features_state(self.features, ckpt.get("features"))
         torch.set_rng_state(ckpt["rng"])
         if self.device.type == "cuda":
             # the GPU's noise (splits, MCMC) continues where it stopped; a checkpoint from the
@@ -182,6 +188,8 @@ class Trainer:
             return checkpoint_path(self.run_dir, self.step)
         path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
+        for feature in self.features:
+            feature.write(self.run_dir)
         self.training_log.write(self.run_dir / "history.json")
         return path
 
@@ -202,7 +210,8 @@ class Trainer:
         indices = par.my_cameras(self.batch_indices(step))
         factor = downscale_factor(cfg, step)
         frames = [self.coarse.frame(i, factor) for i in indices]
-        batch = make_batch(frames, self.background, cfg.random_background).to(self.device)
+        batch = make_batch(frames, self.background, cfg.random_background,
+                           views=indices).to(self.device)
         res = optimization_step(
             self.params,
             self.optimizers,
@@ -218,6 +227,7 @@ class Trainer:
             after_backward=lambda info: par.reduce_gradients(self.params),
             distributed=par.render_distributed,
             loss_share=par.loss_share(self.n_gaussians),
+            features=self.features,
         )
         info = par.densify_info(res.info, self.model.gradient_key, cfg.batch_size)
         # the hooks take gsplat's arguments, as its simple_trainer.py passes them
