@@ -218,10 +218,14 @@ def _bench(scene: str, arms: list[str], options: dict[str, Any], quick: bool) ->
     return res
 
 
-def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda") -> dict[str, Any]:
+def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda",
+                        **extra: Any) -> dict[str, Any]:
     """A ``tilesplat train`` run of the built-in scene with ``backend``, in a temporary
     folder; its speed, test PSNR and Gaussian count. ``tiny``: a 16-pixel scene of 2 views
-    (a rehearsal under the simulator)."""
+    (a rehearsal under the simulator). ``extra``: more config keys; with ``save_ply`` the
+    result holds the PLY's sha256."""
+    import hashlib
+
     from tilesplat.train.config import TrainConfig
     from tilesplat.train.device import training_device
     from tilesplat.train.run import train_run
@@ -231,20 +235,41 @@ def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda") -> dict[s
                             "checkpoint_every": 0}
     if tiny:
         keys.update(synthetic_size=16, synthetic_train=2, synthetic_test=1, init_points=50)
+    keys.update(extra)
     t0 = time.perf_counter()
+    ply_sha = None
     with tempfile.TemporaryDirectory(prefix="gpu_check-train-") as tmp:
         cfg = TrainConfig(run_dir=os.path.join(tmp, "run"), cache_dir=os.path.join(tmp, "cache"),
                           **keys).validate()
         device = str(training_device(cfg))
         _, metrics = train_run(cfg, log=lambda line: None)
+        ply = os.path.join(tmp, "run", "point_cloud.ply")
+        if cfg.save_ply and os.path.exists(ply):
+            with open(ply, "rb") as f:
+                ply_sha = hashlib.sha256(f.read()).hexdigest()
     seconds = metrics["train_seconds"]
     return {"scene": f"built-in {cfg.synthetic_size}px, {cfg.synthetic_train} train / "
                      f"{cfg.synthetic_test} test views",
             "backend": cfg.backend, "device": device, "steps": steps,
             "train_seconds": seconds, "steps_per_s": steps / seconds if seconds else None,
             "test_psnr": metrics["psnr"], "test_ssim": metrics["ssim"],
-            "n_gaussians": metrics["n_gaussians"],
+            "n_gaussians": metrics["n_gaussians"], "ply_sha256": ply_sha,
             "wall_seconds": time.perf_counter() - t0}  # with the scene's generation
+
+
+def train_reproducibly(steps: int, tiny: bool) -> dict[str, Any]:
+    """Two ``deterministic = true`` trainings of the built-in scene on cuda (batch 2, so the
+    projection sums over cameras too): whether their PLY files are the same bytes, and the
+    steps/s against one run without the option."""
+    common = {"batch_size": 2, "save_ply": True}
+    runs = [train_builtin_scene(steps, tiny, deterministic=True, **common) for _ in range(2)]
+    plain = train_builtin_scene(steps, tiny, deterministic=False, **common)
+    return {"steps": steps, "same_ply": runs[0]["ply_sha256"] == runs[1]["ply_sha256"],
+            "ply_sha256": [r["ply_sha256"] for r in runs],
+            "plain_same_as_deterministic": plain["ply_sha256"] == runs[0]["ply_sha256"],
+            "steps_per_s": [r["steps_per_s"] for r in runs],
+            "plain_steps_per_s": plain["steps_per_s"], "test_psnr": runs[0]["test_psnr"],
+            "plain_test_psnr": plain["test_psnr"]}
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -404,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     scenes = list(dict.fromkeys(args.scene))
     default = ("warp skip on, batch 32", {"warp_skip": True, "splat_batch": 32}, arms)
     variants = [("warp skip off", {"warp_skip": False, "splat_batch": 32}, arms),
-                ("per_splat batch 256", {"warp_skip": True, "splat_batch": 256}, arms[1:])]
+                ("per_splat batch 256", {"warp_skip": True, "splat_batch": 256}, arms[1:]),
+                ("deterministic", {"warp_skip": True, "splat_batch": 32,
+                                   "deterministic": True}, arms)]
     parity(scenes[0])
     bench(scenes[-1], *default)
     for scene in scenes[1:]:
@@ -428,12 +455,24 @@ def main(argv: list[str] | None = None) -> int:
               f"{_f(train['steps_per_s'], 1)} steps/s, test PSNR {_f(train['test_psnr'], 2)}, "
               f"{train['n_gaussians']:,} Gaussians", flush=True)
 
+    repro = run.step("two deterministic trainings give the same PLY bytes",
+                     lambda: train_reproducibly(2 if tiny_train else 300, tiny_train),
+                     skip=no_gpu or no_pil)
+    if repro is not None:
+        report["reproducible_training"] = repro
+        print(f"deterministic training, {repro['steps']} steps twice: same PLY bytes "
+              f"{repro['same_ply']} (without the option, the same as with it: "
+              f"{repro['plain_same_as_deterministic']}); steps/s "
+              f"{[_f(x, 1) for x in repro['steps_per_s']]} against "
+              f"{_f(repro['plain_steps_per_s'], 1)} without", flush=True)
+
     report["elapsed_s"] = round(run.elapsed(), 1)
     run.write()
     print(tables(report), flush=True)
     ok = (smoke is not None and smoke["passed"] and report["parity"]
           and all(p["passed"] for p in report["parity"])
-          and all(s["status"] == "ok" for s in report["steps"]))
+          and all(s["status"] == "ok" for s in report["steps"])
+          and (repro is None or repro["same_ply"]))
     return 0 if ok else 1
 
 

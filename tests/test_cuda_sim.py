@@ -122,7 +122,8 @@ else:
 
     @pytest.mark.parametrize(
         "scheme, options, channels",
-        [("per_pixel", {"warp_skip": False}, 3), ("per_splat", {"splat_batch": 256}, 2)],
+        [("per_pixel", {"warp_skip": False}, 3), ("per_splat", {"splat_batch": 256}, 2),
+         ("per_pixel", {"deterministic": True}, 3), ("per_splat", {"deterministic": True}, 2)],
     )
     def test_rasterize_options(scheme, options, channels):
         """The options that are not the default (tests/ops runs the defaults: warp_skip on,
@@ -137,9 +138,12 @@ else:
             set_options(warp_skip=1)
         with pytest.raises(TypeError, match="exact_transmittance"):
             set_options(exact_transmittance="yes")
+        with pytest.raises(TypeError, match="deterministic"):
+            set_options(deterministic=1)
         set_options(warp_skip=False, splat_batch=256)
         assert tilesplat.backends.cuda.get_options() == {
-            "warp_skip": False, "exact_transmittance": True, "splat_batch": 256}
+            "warp_skip": False, "exact_transmittance": True, "splat_batch": 256,
+            "deterministic": False}
         reset_options()
         assert tilesplat.backends.cuda.get_options()["splat_batch"] == 32
 
@@ -238,3 +242,84 @@ else:
         s[t] = t
         cuda.syncthreads()
         out[cuda.blockIdx.x, t] = s[(t + 1) % 32]
+
+
+    def _float_adds(monkeypatch):
+        """Counts the simulator's float atomic adds per (array, element)."""
+        from collections import Counter
+
+        from numba.cuda.simulator.kernelapi import FakeCUDAAtomic
+
+        counts: Counter = Counter()
+        original = FakeCUDAAtomic.add
+
+        def add(self, array, index, val):
+            if np.dtype(array.dtype).kind == "f":
+                key = index if isinstance(index, tuple) else (index,)
+                counts[(id(array), tuple(int(i) for i in key))] += 1
+            return original(self, array, index, val)
+
+        monkeypatch.setattr(FakeCUDAAtomic, "add", add)
+        return counts
+
+    @pytest.mark.parametrize("scheme", ["per_pixel", "per_splat"])
+    def test_deterministic_gradients_have_one_writer_per_element(scheme, monkeypatch):
+        """deterministic=True: a whole rasterization() step of 2 cameras (projection, SH,
+        rasterization, their backward) adds no float twice to one element, so the gradients
+        cannot depend on the threads' order; they equal the reference's, and three runs are
+        bitwise equal. Without the option the same step adds to some element more than
+        once (what the test would catch)."""
+        C, N, width, height = 2, 9, 16, 8
+        means, quats, scales, opacities, _ = random_gaussians(N, seed=5, spread=0.8, scale=0.3)
+        viewmats, Ks = cameras(C, width, height)
+        coeffs = torch.randn((N, 4, 3), generator=torch.Generator().manual_seed(6)) * 0.5
+
+        def run():
+            leaves = [t.clone().requires_grad_(True)
+                      for t in (means, quats, scales, opacities, coeffs, viewmats)]
+            colors, alphas, _ = tilesplat.rasterization(
+                *leaves[:5], leaves[5], Ks, width, height, sh_degree=1, tile_size=TILE,
+                backward_scheme=scheme)
+            g = torch.Generator().manual_seed(2)
+            loss = (colors * torch.randn(colors.shape, generator=g)).sum() + (
+                alphas * torch.randn(alphas.shape, generator=g)).sum()
+            return torch.autograd.grad(loss, leaves)
+
+        with tilesplat.use_backend("torch"):
+            ref = run()
+        counts = _float_adds(monkeypatch)
+        with tilesplat.use_backend("cuda"):
+            run()
+            assert max(counts.values()) > 1  # atomics meet on one element by default
+            set_options(deterministic=True)
+            counts.clear()
+            first = run()
+            assert counts and max(counts.values()) == 1, counts.most_common(3)
+            again = [run() for _ in range(2)]
+        names = ["means", "quats", "scales", "opacities", "coeffs", "viewmats"]
+        for name, a, e in zip(names, first, ref, strict=True):
+            assert_close(f"v_{name}", a, e, **GRAD)
+        for other in again:
+            for name, a, b in zip(names, first, other, strict=True):
+                assert torch.equal(a, b), name
+
+    def test_the_fixed_order_sum_of_the_segments():
+        """segment.reduce_parts: rows of each intersection's warps summed, then each
+        Gaussian's intersections in their order; float64 reference, Gaussians with no
+        intersection get 0."""
+        from tilesplat.backends.cuda.segment import reduce_parts
+
+        g = torch.Generator().manual_seed(0)
+        n, warps, G = 11, 3, 6
+        ids = torch.tensor([4, 0, 4, 2, 0, 0, 5, 4, 2, 0, 5], dtype=torch.int32)
+        a = torch.randn((n * warps, 2), generator=g)
+        b = torch.randn(n * warps, generator=g)
+        sa, sb = reduce_parts([a, b], warps, ids, G)
+        ea = torch.zeros((G, 2), dtype=torch.float64)
+        eb = torch.zeros(G, dtype=torch.float64)
+        ea.index_add_(0, ids.long(), a.double().reshape(n, warps, 2).sum(1))
+        eb.index_add_(0, ids.long(), b.double().reshape(n, warps).sum(1))
+        assert sa.shape == (G, 2) and sb.shape == (G,)
+        assert_close("a", sa.double(), ea, atol=1e-6, rtol=1e-6)
+        assert_close("b", sb.double(), eb, atol=1e-6, rtol=1e-6)
+        assert sa[1].abs().sum() == 0 and sb[3] == 0

@@ -304,6 +304,12 @@ class TrainConfig:
     backward_scheme: str = _f(
         "per_pixel", "rasterizer backward: per_pixel or per_splat", "render", BACKWARD_SCHEMES
     )
+    deterministic: bool = _f(
+        False,
+        "bitwise-reproducible gradients and training on the cuda backend (no float atomics; "
+        "more memory and time, docs/gpu.md); the cpu backend is always bit-exact",
+        "render",
+    )
     packed: bool = _f(False, "packed rasterization (less memory for sparse views)", "render")
     antialiased: bool = _f(
         False, "antialiased rasterize mode (Mip-Splatting's 2D filter)", "render"

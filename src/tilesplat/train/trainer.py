@@ -26,6 +26,7 @@ from ..devices import to_device
 from . import seams
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
+from .determinism import apply_determinism
 from .device import device_frames, training_device
 from .early_stop import should_stop
 from .features import build_features, features_state, load_features_state
@@ -76,6 +77,7 @@ class Trainer:
                 f"batch_size > 1 needs training images of one size, got {sorted(sizes)}"
             )
         self.device = training_device(cfg)
+        apply_determinism(cfg, self.device)  # the cuda backend's option for the key
         self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
         self.train_frames = device_frames(dataset.train, self.device)
         self.coarse = CoarseFrames(self.train_frames)  # the images at the schedule's sizes

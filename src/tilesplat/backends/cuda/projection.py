@@ -5,6 +5,8 @@ dispatch on its code, ``constants.CAMERA_CODES``).
 The backward adds the gradients of the world-space parameters with atomics (a Gaussian seen
 by several cameras), and writes the per-(camera, Gaussian) gradient of each viewmat to a
 buffer that PyTorch sums over the Gaussians (deterministic, no contention on 16 floats).
+With the ``deterministic`` option it writes the world-space gradients per camera too (rows
+``b * C + c``), and PyTorch sums them over the cameras in a fixed order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from numba import cuda
 
 from ...constants import ALPHA_SKIP, CAMERA_CODES, RADIUS_SIGMAS
 from .device_math import device_math
-from .runtime import cdiv, empty, float_type, launch, launcher, optional
+from .runtime import cdiv, empty, float_type, get_options, launch, launcher, optional
 
 THREADS = 256
 
@@ -129,8 +131,10 @@ def make_projection_fwd(ft: type):
     return projection_fwd
 
 
-def make_projection_bwd(ft: type):
-    """Kernel body of the backward projection for float type ``ft``."""
+def make_projection_bwd(ft: type, det: bool = False):
+    """Kernel body of the backward projection for float type ``ft``; with ``det`` the
+    world-space gradients go to the row ``b * C + c`` of [B * C, N, ...] outputs (one writer
+    per element) instead of ``b``."""
     sm = device_math()
     quat_scale_to_covar = sm.quat_scale_to_covar
     quat_scale_to_covar_vjp = sm.quat_scale_to_covar_vjp
@@ -210,21 +214,22 @@ def make_projection_bwd(ft: type):
         vv = v_means2d[b, c, n, 1]
         vtx, vty, vtz = project_vjp(model, tx, ty, tz, fx, fy, cx, cy, width, height, vu, vv, vJ)
         vtz += v_depths[b, c, n]
+        o = b * n_cams + c if det else b  # the output row: the camera's own when det
         # means_c = R m + t
-        cuda.atomic.add(v_means, (b, n, 0), r00 * vtx + r10 * vty + r20 * vtz)
-        cuda.atomic.add(v_means, (b, n, 1), r01 * vtx + r11 * vty + r21 * vtz)
-        cuda.atomic.add(v_means, (b, n, 2), r02 * vtx + r12 * vty + r22 * vtz)
+        cuda.atomic.add(v_means, (o, n, 0), r00 * vtx + r10 * vty + r20 * vtz)
+        cuda.atomic.add(v_means, (o, n, 1), r01 * vtx + r11 * vty + r21 * vtz)
+        cuda.atomic.add(v_means, (o, n, 2), r02 * vtx + r12 * vty + r22 * vtz)
         # covar_c = R S R^T: v_S = R^T G R with G the (symmetric) gradient of covar_c
         vs = transform_covar(
             r00, r10, r20, r01, r11, r21, r02, r12, r22, vS[0], vS[1], vS[2], vS[3], vS[4], vS[5]
         )
         if has_covars:
-            cuda.atomic.add(v_covars, (b, n, 0), vs[0])
-            cuda.atomic.add(v_covars, (b, n, 1), two * vs[1])
-            cuda.atomic.add(v_covars, (b, n, 2), two * vs[2])
-            cuda.atomic.add(v_covars, (b, n, 3), vs[3])
-            cuda.atomic.add(v_covars, (b, n, 4), two * vs[4])
-            cuda.atomic.add(v_covars, (b, n, 5), vs[5])
+            cuda.atomic.add(v_covars, (o, n, 0), vs[0])
+            cuda.atomic.add(v_covars, (o, n, 1), two * vs[1])
+            cuda.atomic.add(v_covars, (o, n, 2), two * vs[2])
+            cuda.atomic.add(v_covars, (o, n, 3), vs[3])
+            cuda.atomic.add(v_covars, (o, n, 4), two * vs[4])
+            cuda.atomic.add(v_covars, (o, n, 5), vs[5])
         else:
             g = quat_scale_to_covar_vjp(
                 quats[b, n, 0], quats[b, n, 1], quats[b, n, 2], quats[b, n, 3],
@@ -232,9 +237,9 @@ def make_projection_bwd(ft: type):
                 vs[0], vs[1], vs[2], vs[1], vs[3], vs[4], vs[2], vs[4], vs[5],
             )  # fmt: skip
             for k in range(4):
-                cuda.atomic.add(v_quats, (b, n, k), g[k])
+                cuda.atomic.add(v_quats, (o, n, k), g[k])
             for k in range(3):
-                cuda.atomic.add(v_scales, (b, n, k), g[4 + k])
+                cuda.atomic.add(v_scales, (o, n, k), g[4 + k])
         if need_viewmats:
             # v_R = v_t m^T + 2 G R S, v_t = v_means_c
             a00 = r00 * s[0] + r01 * s[1] + r02 * s[2]  # rows of R S
@@ -272,8 +277,8 @@ def _fwd_kernel(ft: type):
 
 
 @cache
-def _bwd_kernel(ft: type):
-    return cuda.jit(make_projection_bwd(ft))
+def _bwd_kernel(ft: type, det: bool = False):
+    return cuda.jit(make_projection_bwd(ft, det))
 
 
 def _model(camera_model: str) -> int:
@@ -352,17 +357,24 @@ def backward(
     B, N = means.shape[:2]
     C = viewmats.shape[1]
     device = means.device
-    v_means = torch.zeros_like(means)
-    v_covars = torch.zeros_like(covars) if covars is not None else None
-    v_quats = torch.zeros_like(quats) if covars is None else None
-    v_scales = torch.zeros_like(scales) if covars is None else None
+    det = bool(get_options()["deterministic"]) and C > 1
+    rows = B * C if det else B  # det: one row per camera, summed over the cameras below
+
+    def grad_of(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.zeros((rows, *t.shape[1:]), dtype=t.dtype,
+                                                  device=device)
+
+    v_means = grad_of(means)
+    v_covars = grad_of(covars)
+    v_quats = grad_of(quats) if covars is None else None
+    v_scales = grad_of(scales) if covars is None else None
     v_view = torch.zeros((B, C, N, 12) if need_v_viewmats else (1, 1, 1, 12),
                          dtype=means.dtype, device=device)  # fmt: skip
     calc_comp = compensations is not None and v_compensations is not None
     total = B * C * N
     if total > 0:
         launch(
-            _bwd_kernel(float_type(means.dtype)), cdiv(total, THREADS), THREADS, device,
+            _bwd_kernel(float_type(means.dtype), det), cdiv(total, THREADS), THREADS, device,
             means, optional(covars, means, 3), optional(quats, means, 3),
             optional(scales, means, 3), covars is not None, viewmats, Ks,
             width, height, float(eps2d), _model(camera_model), radii.contiguous(),
@@ -371,6 +383,13 @@ def backward(
             calc_comp, bool(need_v_viewmats), v_means, optional(v_covars, means, 3),
             optional(v_quats, means, 3), optional(v_scales, means, 3), v_view,
         )  # fmt: skip
+    if det:
+        def over_cameras(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.reshape(B, C, *t.shape[1:]).sum(dim=1)
+
+        v_means, v_covars, v_quats, v_scales = (
+            over_cameras(t) for t in (v_means, v_covars, v_quats, v_scales)
+        )
     v_viewmats = None
     if need_v_viewmats:
         v_viewmats = torch.zeros_like(viewmats)

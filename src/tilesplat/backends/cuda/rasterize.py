@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from . import raster_limits
-from .rasterize_bwd import per_pixel_kernel, per_splat_kernel
+from .rasterize_bwd import per_pixel_kernel, per_splat_kernel, warps_per_intersection
 from .rasterize_fwd import KEEP, KEEP_NONE, extra_width, forward_kernel
 from .runtime import empty, float_type, get_options, launch, launcher, optional
+from .segment import reduce_parts
 
 
 @launcher
@@ -113,9 +114,19 @@ def backward(
         optional(masks, means2d, 3, torch.bool), masks is not None,
         width, height, isect_offsets.reshape(-1), flatten_ids, n,
     )  # fmt: skip
-    outputs = (v_means2d, v_conics, v_colors, v_opacities, optional(v_abs, means2d, 2))
+    det = bool(options["deterministic"])
+    if scheme not in ("per_pixel", "per_splat"):
+        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
+    grads = (v_means2d, v_conics, v_colors, v_opacities) + ((v_abs,) if absgrad else ())
+    if det:  # a row per (intersection, warp), reduced in a fixed order below (.segment)
+        rows = n * warps_per_intersection(scheme, tile_size)
+        parts = tuple(torch.zeros((rows, *t.shape[1:]), dtype=t.dtype, device=device)
+                      for t in grads)
+        outputs = parts[:4] + (parts[4] if absgrad else optional(None, means2d, 2),)
+    else:
+        outputs = (v_means2d, v_conics, v_colors, v_opacities, optional(v_abs, means2d, 2))
     if scheme == "per_pixel":
-        kernel = per_pixel_kernel(ft, tile_size, channels)
+        kernel = per_pixel_kernel(ft, tile_size, channels, det)
         has_t = options["exact_transmittance"] and extra is not None
         for image0, n_block in raster_limits.image_chunks(n_images):
             launch(
@@ -129,7 +140,7 @@ def backward(
             raise ValueError("the per_splat backward needs the forward's colour sum: run the "
                              "forward with backward_scheme='per_splat'")
         batch = options["splat_batch"]
-        kernel = per_splat_kernel(ft, tile_size, channels, batch)
+        kernel = per_splat_kernel(ft, tile_size, channels, batch, det)
         if not raster_limits.colors_in_shared("per_splat", np.dtype(ft).itemsize, tile_size,
                                               channels):
             extra = extra.clone()  # the kernel keeps the colour still to come in it
@@ -139,6 +150,9 @@ def backward(
                 *common, image0, n_images, extra, v_render_colors, v_render_alphas, absgrad,
                 *outputs,
             )  # fmt: skip
-    else:
-        raise ValueError(f"scheme must be 'per_pixel' or 'per_splat', got {scheme!r}")
+    if det:
+        sums = reduce_parts(list(parts), warps_per_intersection(scheme, tile_size),
+                            flatten_ids, means2d.shape[0])
+        v_means2d, v_conics, v_colors, v_opacities = sums[:4]
+        v_abs = sums[4] if absgrad else None
     return v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, v_abs

@@ -43,8 +43,11 @@ def _constants(ft: type):
     )  # fmt: skip
 
 
-def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
-    """The Python body of the ``per_pixel`` backward kernel."""
+def make_bwd_per_pixel(ft: type, tile_size: int, channels: int, det: bool = False):
+    """The Python body of the ``per_pixel`` backward kernel; with ``det`` (the
+    ``deterministic`` option) each warp's sum goes to the row ``intersection * n_warps +
+    warp`` of the outputs ([n * n_warps, ...]) instead of the Gaussian's row (:mod:`.segment`
+    reduces them)."""
     block = tile_size * tile_size
     batch = raster_limits.batch_size(tile_size)
     n_warps = (block + 31) // 32
@@ -214,6 +217,8 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
                         a_y += o if ok else zero
                     off //= 2
                 if lane == 0:
+                    if det:  # this warp's own row: the add is a store into a zero
+                        g = (batch_end - t) * n_warps + rank // 32
                     for k in range(channels):
                         cuda.atomic.add(v_colors, (g, k), v_rgb[k])
                     cuda.atomic.add(v_means2d, (g, 0), v_x)
@@ -229,8 +234,11 @@ def make_bwd_per_pixel(ft: type, tile_size: int, channels: int):
     return rasterize_bwd_per_pixel
 
 
-def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int):
-    """The Python body of the ``per_splat`` backward kernel (``splat_batch`` threads)."""
+def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int,
+                       det: bool = False):
+    """The Python body of the ``per_splat`` backward kernel (``splat_batch`` threads); with
+    ``det`` (the ``deterministic`` option) a splat's gradient over the tile goes to the row of
+    its intersection in the outputs ([n, ...]) instead of the Gaussian's row."""
     pixels = tile_size * tile_size
     fb = np.dtype(ft).itemsize
     shared_rest = raster_limits.colors_in_shared("per_splat", fb, tile_size, channels)
@@ -378,6 +386,8 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
                                     s_T[p] = t_next
                 cuda.syncthreads()
             if active:
+                if det:  # the intersection's own row: the add is a store into a zero
+                    g = idx
                 for k in range(channels):
                     cuda.atomic.add(v_colors, (g, k), g_rgb[k])
                 cuda.atomic.add(v_means2d, (g, 0), v_x)
@@ -394,10 +404,17 @@ def make_bwd_per_splat(ft: type, tile_size: int, channels: int, splat_batch: int
 
 
 @cache
-def per_pixel_kernel(ft: type, tile_size: int, channels: int):
-    return jit(make_bwd_per_pixel(ft, tile_size, channels), tile_size * tile_size)
+def per_pixel_kernel(ft: type, tile_size: int, channels: int, det: bool = False):
+    return jit(make_bwd_per_pixel(ft, tile_size, channels, det), tile_size * tile_size)
 
 
 @cache
-def per_splat_kernel(ft: type, tile_size: int, channels: int, splat_batch: int):
-    return jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch), splat_batch)
+def per_splat_kernel(ft: type, tile_size: int, channels: int, splat_batch: int,
+                     det: bool = False):
+    return jit(make_bwd_per_splat(ft, tile_size, channels, splat_batch, det), splat_batch)
+
+
+def warps_per_intersection(scheme: str, tile_size: int) -> int:
+    """W, the rows of the deterministic outputs per intersection: the block's warps for
+    ``per_pixel``, 1 for ``per_splat``."""
+    return (tile_size * tile_size + 31) // 32 if scheme == "per_pixel" else 1

@@ -17,6 +17,12 @@ Options (read by every launch, so a benchmark can switch them between calls):
   relative once T_final nears the 1e-4 stop). Off gives gsplat's less precise recovery.
 - ``splat_batch`` (env ``TILESPLAT_CUDA_SPLAT_BATCH``, 32 or 256, default 32): the number of
   splats (= threads of a block) one ``per_splat`` backward batch holds.
+- ``deterministic`` (env ``TILESPLAT_CUDA_DETERMINISTIC``, default off): no float atomics on
+  the gradient path, so that two runs give bitwise-equal gradients. The rasterization
+  backward writes each (intersection, warp) part of a splat's gradient to its own row, and
+  :mod:`.segment` sums the rows of each Gaussian in a fixed order; the projection backward
+  writes one row per camera, summed over the cameras by PyTorch. Costs memory (a row per
+  intersection and warp) and a sort.
 """
 
 from __future__ import annotations
@@ -68,13 +74,17 @@ _options: dict[str, Any] = {}
 
 
 def get_options() -> dict[str, Any]:
-    """The options in force: ``{"warp_skip", "exact_transmittance", "splat_batch"}``."""
+    """The options in force: ``{"warp_skip", "exact_transmittance", "splat_batch",
+    "deterministic"}``."""
     return {
         "warp_skip": _options.get("warp_skip", _env_bool("TILESPLAT_CUDA_WARP_SKIP", True)),
         "exact_transmittance": _options.get(
             "exact_transmittance", _env_bool("TILESPLAT_CUDA_EXACT_T", True)
         ),
         "splat_batch": _options.get("splat_batch", _env_batch()),
+        "deterministic": _options.get(
+            "deterministic", _env_bool("TILESPLAT_CUDA_DETERMINISTIC", False)
+        ),
     }
 
 
@@ -82,9 +92,12 @@ def set_options(
     warp_skip: bool | None = None,
     splat_batch: int | None = None,
     exact_transmittance: bool | None = None,
+    deterministic: bool | None = None,
 ) -> None:
     """Sets backend options; ``None`` leaves an option as it is. See the module docstring."""
-    for name, value in (("warp_skip", warp_skip), ("exact_transmittance", exact_transmittance)):
+    flags = (("warp_skip", warp_skip), ("exact_transmittance", exact_transmittance),
+             ("deterministic", deterministic))
+    for name, value in flags:
         if value is not None:
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
