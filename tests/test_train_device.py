@@ -229,3 +229,27 @@ def test_progress_reads_lazy_numbers_only_when_it_draws():
     progress.update(10, loss=torch.tensor(0.25), psnr=psnr, gaussians=7)
     assert calls == [1]
     assert "loss 0.25  psnr 21.5  gaussians 7" in stream.text
+
+
+def test_the_deterministic_key_sets_the_cuda_option_and_refuses_torch_on_a_gpu():
+    """deterministic = true: the cuda backend's option for a run that renders with it
+    (docs/gpu.md, reproducible gradients); nothing for the cpu backend, which is bit-exact;
+    refused for the torch reference on a GPU (PyTorch's atomic index ops)."""
+    pytest.importorskip("numba_cuda")
+    from tilesplat.backends.cuda import get_options, reset_options
+    from tilesplat.train.determinism import apply_determinism
+
+    try:
+        apply_determinism(TrainConfig(backend="cpu", deterministic=True), torch.device("cpu"))
+        assert get_options()["deterministic"] is False
+        apply_determinism(TrainConfig(backend="cuda", deterministic=True), torch.device("cpu"))
+        assert get_options()["deterministic"] is True
+        apply_determinism(TrainConfig(backend="cuda"), torch.device("cpu"))
+        assert get_options()["deterministic"] is False
+        apply_determinism(TrainConfig(backend="auto", deterministic=True),
+                          torch.device("cuda"))
+        assert get_options()["deterministic"] is True
+    finally:
+        reset_options()
+    with pytest.raises(ValueError, match="deterministic = true with backend = 'torch'"):
+        TrainConfig(backend="torch", device="cuda", deterministic=True).validate()
