@@ -17,6 +17,7 @@ from .validation import (
     check_positive_int,
     check_tensor,
     common_float,
+    values_trusted,
 )
 
 
@@ -123,7 +124,7 @@ def isect_offset_encode(
     tile_width = check_positive_int("tile_width", tile_width)
     tile_height = check_positive_int("tile_height", tile_height)
     _check_key_bits(n_images, tile_width, tile_height)
-    if isect_ids.numel():
+    if isect_ids.numel() and not values_trusted():  # isect_tiles' output: not read again
         if bool((isect_ids[1:] < isect_ids[:-1]).any()):
             raise ValueError("expected isect_ids sorted ascending (isect_tiles(sort=True))")
         bits = (tile_width * tile_height).bit_length()

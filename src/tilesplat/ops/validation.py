@@ -6,15 +6,19 @@ Errors name the argument, what was expected and what came, e.g.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from numbers import Integral, Real
 
 import torch
 from torch import Tensor
+
+from .deferred_checks import current_flag
 
 _FLOATS = (torch.float32, torch.float64)
 _INTS = (torch.int32, torch.int64)
@@ -34,6 +38,30 @@ def check_finite_enabled() -> bool:
     if _settings["finite"] is not None:
         return bool(_settings["finite"])
     return os.environ.get("TILESPLAT_CHECK_FINITE", "1") not in ("0", "false", "False", "no")
+
+
+# set inside internal_call(): the ops' inputs are what tilesplat's own kernels produced
+_INTERNAL: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesplat_internal",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def internal_call() -> Iterator[None]:
+    """Inside, the ops skip the checks that read their inputs' values (NaN/Inf, index ranges,
+    sortedness): :func:`tilesplat.rasterization` checks what the caller gave once, at its
+    entry, and passes between its ops only what its own kernels made of it, which need not be
+    read again (each read of a GPU value waits for the stream). Shape, dtype and argument
+    checks, which read no values, still run."""
+    token = _INTERNAL.set(True)
+    try:
+        yield
+    finally:
+        _INTERNAL.reset(token)
+
+
+def values_trusted() -> bool:
+    """Whether the current op call comes from inside :func:`internal_call`."""
+    return _INTERNAL.get()
 
 
 _TOKEN = re.compile(r"\.\.\.|[A-Za-z_][A-Za-z0-9_]*|\d+")
@@ -161,12 +189,18 @@ def check_finite(named: dict[str, Tensor | None]) -> None:
 
     One reduction per tensor and one host read for them all (on a GPU every read of a
     device value waits for the stream); the tensor-by-tensor check runs only when that sum
-    is not finite, to name the tensor or to clear a finite overflow."""
-    if not check_finite_enabled():
+    is not finite, to name the tensor or to clear a finite overflow. Inside
+    :func:`.deferred_checks.deferred_finite_checks` the sums go to the flag unread."""
+    if not check_finite_enabled() or _INTERNAL.get():
         return
     tensors = {name: _distinct(t) for name, t in named.items()
                if t is not None and t.is_floating_point() and t.numel()}
     if not tensors:
+        return
+    deferred = current_flag()
+    if deferred is not None:  # the trainer's step: a device flag, read a step later
+        sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors.values()])
+        deferred.record(tuple(tensors), torch.isfinite(sums))
         return
     sums = torch.stack([t.sum().to(torch.float64) for t in tensors.values()])
     if bool(torch.isfinite(sums).all()):

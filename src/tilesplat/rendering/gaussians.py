@@ -20,9 +20,11 @@ from ..ops.validation import (
     Shapes,
     check_bool,
     check_choice,
+    check_finite,
     check_int_at_least,
     check_positive_int,
     check_tensor,
+    internal_call,
 )
 from . import sharding
 from ._pipeline import (
@@ -174,93 +176,99 @@ def rasterization(
         check_tensor("backgrounds", backgrounds)
         s.check("backgrounds", backgrounds, "..., C, D" if sh_degree is None else "..., C, 3")
 
-    if distributed:
-        # this rank's Gaussians into every rank's cameras; rasterize its own cameras
-        if batch_dims:
-            raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
-                             f"{tuple(means.shape)}")
-        if absgrad:
-            raise ValueError("rasterization(distributed=True) does not support absgrad")
-        if per_view:
-            raise ValueError("rasterization(distributed=True) needs per-Gaussian colors "
-                             "[N, D] or [N, K, 3], not per-camera ones")
-        rank, world_size = sharding.world()
-        check_tensor("Ks", Ks)
-        viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, N)
-        C = int(viewmats.shape[0])
+    # what the caller gave, read once; the ops below take only what the kernels made of it
+    given = {"means": means, "quats": quats, "scales": scales, "covars": tri,
+             "opacities": opacities, "colors": colors, "viewmats": viewmats, "Ks": Ks,
+             "backgrounds": backgrounds}
+    check_finite({k: v for k, v in given.items() if isinstance(v, Tensor)})
+    with internal_call():
+        if distributed:
+            # this rank's Gaussians into every rank's cameras; rasterize its own cameras
+            if batch_dims:
+                raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
+                                 f"{tuple(means.shape)}")
+            if absgrad:
+                raise ValueError("rasterization(distributed=True) does not support absgrad")
+            if per_view:
+                raise ValueError("rasterization(distributed=True) needs per-Gaussian colors "
+                                 "[N, D] or [N, K, 3], not per-camera ones")
+            rank, world_size = sharding.world()
+            check_tensor("Ks", Ks)
+            viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, N)
+            C = int(viewmats.shape[0])
 
-    proj = fully_fused_projection(
-        means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
-        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-        calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
-        opacities=opacities, backend=backend,
-    )
-    if packed:
-        batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
-        opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
-        image_ids = batch_ids * C + camera_ids
-    else:
-        radii, means2d, depths, conics, comps = proj
-        opac = torch.broadcast_to(opacities[..., None, :], (*batch_dims, C, N))
-        batch_ids = camera_ids = gaussian_ids = image_ids = None
-    if comps is not None:
-        opac = opac * comps
-    meta: dict = {
-        "batch_ids": batch_ids, "camera_ids": camera_ids, "gaussian_ids": gaussian_ids,
-        "radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
-        "opacities": opac,
-    }
-
-    colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
-                             PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
-                             backend)
-
-    if distributed:
-        if packed:
-            camera_ids, gaussian_ids, (radii, means2d, depths, conics, opac, colors) = (
-                sharding.exchange_packed(world_size, rank, n_cams, n_gauss, camera_ids,
-                                         gaussian_ids,
-                                         [radii, means2d, depths, conics, opac, colors]))
-            image_ids = camera_ids
-        else:
-            radii, means2d, depths, conics, opac, colors = sharding.exchange_unpacked(
-                world_size, rank, n_cams, n_gauss,
-                [radii, means2d, depths, conics, opac, colors])
-        C = n_cams[rank]
-        meta.update({"n_cameras_per_rank": n_cams, "n_gaussians_per_rank": n_gauss})
-
-    colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
-
-    # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
-    # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
-    meta["colors"] = colors
-
-    tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch_dims, B, C,
-                       packed, image_ids, gaussian_ids, backend)
-    isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
-    meta.update(tiles.meta())
-    meta.update({
-        "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
-        "n_cameras": C, "backward_scheme": scheme,
-    })
-
-    n_channels = colors.shape[-1]
-    chunks_c, chunks_a = [], []
-    last_ids = None
-    for start in range(0, n_channels, channel_chunk):
-        stop = min(start + channel_chunk, n_channels)
-        out_c, out_a, ids = rasterize_to_pixels(
-            means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
-            isect_offsets, flatten_ids,
-            backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
-            packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
-            backend=backend,
+        proj = fully_fused_projection(
+            means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
+            near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
+            calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
+            opacities=opacities, backend=backend,
         )
-        chunks_c.append(out_c)
-        chunks_a.append(out_a)
-        last_ids = ids if last_ids is None else last_ids
-    render_colors = chunks_c[0] if len(chunks_c) == 1 else torch.cat(chunks_c, dim=-1)
-    render_alphas = chunks_a[0]
-    meta["last_ids"] = last_ids
+        if packed:
+            batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
+            opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
+            image_ids = batch_ids * C + camera_ids
+        else:
+            radii, means2d, depths, conics, comps = proj
+            opac = torch.broadcast_to(opacities[..., None, :], (*batch_dims, C, N))
+            batch_ids = camera_ids = gaussian_ids = image_ids = None
+        if comps is not None:
+            opac = opac * comps
+        meta: dict = {
+            "batch_ids": batch_ids, "camera_ids": camera_ids, "gaussian_ids": gaussian_ids,
+            "radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
+            "opacities": opac,
+        }
 
-    return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta
+        colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
+                                 PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
+                                 backend)
+
+        if distributed:
+            if packed:
+                camera_ids, gaussian_ids, (radii, means2d, depths, conics, opac, colors) = (
+                    sharding.exchange_packed(world_size, rank, n_cams, n_gauss, camera_ids,
+                                             gaussian_ids,
+                                             [radii, means2d, depths, conics, opac, colors]))
+                image_ids = camera_ids
+            else:
+                radii, means2d, depths, conics, opac, colors = sharding.exchange_unpacked(
+                    world_size, rank, n_cams, n_gauss,
+                    [radii, means2d, depths, conics, opac, colors])
+            C = n_cams[rank]
+            meta.update({"n_cameras_per_rank": n_cams, "n_gaussians_per_rank": n_gauss})
+
+        colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
+
+        # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
+        # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
+        meta["colors"] = colors
+
+        tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch_dims, B, C,
+                           packed, image_ids, gaussian_ids, backend)
+        isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
+        meta.update(tiles.meta())
+        meta.update({
+            "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
+            "n_cameras": C, "backward_scheme": scheme,
+        })
+
+        n_channels = colors.shape[-1]
+        chunks_c, chunks_a = [], []
+        last_ids = None
+        for start in range(0, n_channels, channel_chunk):
+            stop = min(start + channel_chunk, n_channels)
+            out_c, out_a, ids = rasterize_to_pixels(
+                means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
+                isect_offsets, flatten_ids,
+                backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
+                packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
+                backend=backend,
+            )
+            chunks_c.append(out_c)
+            chunks_a.append(out_a)
+            last_ids = ids if last_ids is None else last_ids
+        render_colors = chunks_c[0] if len(chunks_c) == 1 else torch.cat(chunks_c, dim=-1)
+        render_alphas = chunks_a[0]
+        meta["last_ids"] = last_ids
+
+        return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta

@@ -172,16 +172,25 @@ class DefaultStrategy(Strategy):
         if packed:
             ids = info["gaussian_ids"]  # [nnz]
             radii = info["radii"].max(dim=-1).values  # [nnz]
-        else:
-            visible = (info["radii"] > 0).all(dim=-1)  # [C, N]
-            ids = torch.where(visible)[1]
-            grads = grads[visible]  # [nnz, 2]
-            radii = info["radii"][visible].max(dim=-1).values  # [nnz]
-        state["grad2d"].index_add_(0, ids, grads.norm(dim=-1).float())
-        state["count"].index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
-        if self.refine_scale2d_stop_iter > 0:
-            size = float(max(info["width"], info["height"]))
-            state["radii"][ids] = torch.maximum(state["radii"][ids], radii.float() / size)
+            state["grad2d"].index_add_(0, ids, grads.norm(dim=-1).float())
+            state["count"].index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+            if self.refine_scale2d_stop_iter > 0:
+                size = float(max(info["width"], info["height"]))
+                state["radii"][ids] = torch.maximum(state["radii"][ids], radii.float() / size)
+            return
+        # by mask, camera after camera (no index list: no host read of how many are visible),
+        # in the order and with the sums the index_add of the visible pairs would give
+        visible = (info["radii"] > 0).all(dim=-1).reshape(-1, n)  # [C, N]
+        norms = grads.norm(dim=-1).float().reshape(-1, n)
+        radii = info["radii"].max(dim=-1).values.reshape(-1, n).float()
+        size = float(max(info["width"], info["height"]))
+        for c in range(visible.shape[0]):
+            seen = visible[c]
+            state["grad2d"] += torch.where(seen, norms[c], 0.0)
+            state["count"] += seen.float()
+            if self.refine_scale2d_stop_iter > 0:
+                state["radii"] = torch.maximum(state["radii"],
+                                               torch.where(seen, radii[c] / size, 0.0))
 
     @torch.no_grad()
     def _grow(

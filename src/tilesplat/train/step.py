@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..data.dataset import Frame
+from ..ops.deferred_checks import FiniteFlag, deferred_finite_checks
 from .config import TrainConfig
 from .features import Feature
 from .masks import batch_masks, exclude_masked, masks_to, photometric_loss
@@ -131,7 +132,7 @@ class CameraOrder:
             raise ValueError("the dataset has no training images")
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self._epoch = -1
-        self._perm = torch.empty(0, dtype=torch.long)
+        self._perm: list[int] = []  # a list: a step reads no tensor element
 
     def indices(self, step: int) -> list[int]:
         """The ``batch_size`` frame indices of ``step``."""
@@ -141,9 +142,9 @@ class CameraOrder:
             epoch = flat // self.n
             if epoch != self._epoch:
                 gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._perm = torch.randperm(self.n, generator=gen)
+                self._perm = torch.randperm(self.n, generator=gen).tolist()
                 self._epoch = epoch
-            out.append(int(self._perm[flat % self.n]))
+            out.append(self._perm[flat % self.n])
         return out
 
 
@@ -210,6 +211,7 @@ def optimization_step(
     distributed: bool = False,
     loss_share: tuple[float, int] | None = None,
     features: Sequence[Feature] = (),
+    finite: FiniteFlag | None = None,
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
@@ -223,8 +225,26 @@ def optimization_step(
     (``train/features.py``): on the cameras before it, on the colours after it, with loss
     terms, and with their own optimiser steps after the Gaussians'. The result's ``colors``
     are what the loss compared with the targets (the render after the features' colour
-    transforms).
+    transforms). With ``finite`` the ops' NaN/Inf checks record into that flag instead of
+    reading their result (``ops/deferred_checks.py``), and the Gaussians' Adam steps take
+    it as ``found_inf``: a step with a non-finite input changes no parameter and no moment,
+    and the caller reads the flag later.
     """
+    checks = (contextlib.nullcontext() if finite is None
+              else deferred_finite_checks(finite))
+    with checks:
+        return _step(params, optimizers, batch, cfg, step, scene_scale, model, absgrad,
+                     before_backward, after_backward, clock, distributed, loss_share,
+                     features, finite)
+
+
+def _step(
+    params: Params, optimizers: Optimizers, batch: Batch, cfg: TrainConfig, step: int,
+    scene_scale: float, model: ModelKind | None, absgrad: bool,
+    before_backward: InfoHook | None, after_backward: InfoHook | None,
+    clock: StageClock | None, distributed: bool, loss_share: tuple[float, int] | None,
+    features: Sequence[Feature], finite: FiniteFlag | None,
+) -> StepResult:
     clock = clock if clock is not None else _NoClock()
     model = model if model is not None else model_kind(cfg)
     with clock.stage("render"):
@@ -255,8 +275,13 @@ def optimization_step(
     info = exclude_masked(info, batch.masks, model.gradient_key)  # hidden pixels: not seen
     with clock.stage("adam"):
         means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
+        found_inf = None if finite is None else finite.found_inf(params["means"].device)
         for opt in optimizers.values():
+            if found_inf is not None:
+                opt.found_inf = found_inf  # fused Adam skips the step on the device
             opt.step()
+            if found_inf is not None:
+                del opt.found_inf
             opt.zero_grad(set_to_none=True)
         for f in features:
             f.optimizer_step(step)

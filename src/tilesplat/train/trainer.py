@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..data.dataset import SceneDataset
 from ..devices import to_device
+from ..ops.deferred_checks import FiniteFlag
 from . import seams
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
@@ -103,6 +104,8 @@ class Trainer:
             self._load_state(checkpoint)
         self.strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
+        # the last step whose NaN/Inf flag is not read yet (train_step reads it a step late)
+        self._unchecked: tuple[int, FiniteFlag] | None = None
         self.parallel = parallel_mode(cfg)
         self.strategy = self.parallel.attach(cfg, self.params, self.optimizers,
                                              self.strategy_state, self.strategy)
@@ -184,6 +187,7 @@ class Trainer:
         """Write the checkpoint of the current step and the history; keep the newest few
         (the other ranks of a job write nothing; those of a model-parallel job send their
         shards to rank 0)."""
+        self._check_finite_step()  # a checkpoint holds no step past a bad one
         needed = self.writes or self.parallel.collective_checkpoint
         state = self.state_dict() if needed else None
         if not self.writes:
@@ -209,6 +213,7 @@ class Trainer:
             clamped render against the target), on the training device, not read back.
         """
         cfg, par, strategy = self.cfg, self.parallel, self.strategy
+        finite = FiniteFlag()  # the step's NaN/Inf checks, read after the next step is queued
         indices = par.my_cameras(self.batch_indices(step))
         factor = downscale_factor(cfg, step)
         frames = [self.coarse.frame(i, factor) for i in indices]
@@ -230,13 +235,32 @@ class Trainer:
             distributed=par.render_distributed,
             loss_share=par.loss_share(self.n_gaussians),
             features=self.features,
+            finite=finite,
         )
         info = par.densify_info(res.info, self.model.gradient_key, cfg.batch_size)
         # the hooks take gsplat's arguments, as its simple_trainer.py passes them
         strategy.post_backward(self.params, self.optimizers, self.strategy_state, step, info,
                                packed=cfg.packed, lr=res.means_lr)
         par.after_step(self.params, self.optimizers, self.strategy_state, step)
+        finite.start_read()
+        self._check_finite_step()  # the previous step's, one step late
+        self._unchecked = (step, finite)
         return res.loss, masked_error(res.colors.clamp(0.0, 1.0), batch.target, batch.masks)
+
+    def _check_finite_step(self) -> None:
+        """Raise if the last step not yet checked met NaN or Inf (its Adam update was
+        skipped on the device); called one step late, before a checkpoint and at the end."""
+        pending, self._unchecked = self._unchecked, None
+        if pending is None:
+            return
+        step, finite = pending
+        bad = finite.bad_names()
+        if bad:
+            raise ValueError(
+                f"step {step + 1}: NaN or Inf in {', '.join(sorted(set(bad)))} (what the step "
+                "renders from: the model's parameters, the cameras, or the images); its update "
+                "was skipped. Lower the learning rates or check the data"
+            )
 
     # --- the loop ------------------------------------------------------------------------
 

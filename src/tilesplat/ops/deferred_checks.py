@@ -1,0 +1,107 @@
+"""NaN/Inf checks that do not wait for the device: a flag, read one step late.
+
+A public op called directly checks its float inputs for NaN and Inf at once, which costs one
+host read (on a GPU, the host waits for the stream to reach the check). The trainer's step
+cannot afford that read: inside :func:`deferred_finite_checks` the same checks record a
+device flag instead (:class:`FiniteFlag`), the step hands the flag to fused Adam as
+``found_inf`` (so a bad step leaves the parameters and the moments as they were, on the
+device), and the trainer reads the flag after the next step is queued, through a host copy
+made without waiting (:meth:`FiniteFlag.start_read` / :meth:`FiniteFlag.bad_names`).
+
+The sums are taken in float64, so a float32 tensor's sum overflows for no finite input; a
+float64 input whose finite values sum past 1.8e308 would be reported as non-finite (named
+"NaN or Inf, or too large to sum").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+_FLAG: contextvars.ContextVar[FiniteFlag | None] = contextvars.ContextVar(
+    "tilesplat_deferred_finite", default=None
+)
+
+
+class FiniteFlag:
+    """The finite checks of one training step, recorded on the device.
+
+    Each check adds the names of its tensors and a [k] bool tensor (whether each one's
+    float64 sum is finite); :meth:`found_inf` is a 0-dim float32 tensor, 1.0 when any
+    check failed, on the device of the checks, as fused Adam's ``found_inf`` takes it.
+    """
+
+    def __init__(self) -> None:
+        self._names: list[tuple[str, ...]] = []
+        self._finite: list[Tensor] = []
+        self._found: Tensor | None = None
+        self._host: Tensor | None = None
+        self._event: object | None = None
+
+    def record(self, names: tuple[str, ...], finite: Tensor) -> None:
+        """Add one check: ``finite`` [len(names)] bool."""
+        self._names.append(names)
+        self._finite.append(finite)
+        self._found = None
+
+    def found_inf(self, device: torch.device) -> Tensor:
+        """0-dim float32 on ``device``: 1.0 when a recorded check failed (no host read)."""
+        if self._found is None:
+            if self._finite:
+                ok = torch.cat([f.to(device) for f in self._finite]).all()
+                self._found = (~ok).to(torch.float32)
+            else:
+                self._found = torch.zeros((), dtype=torch.float32, device=device)
+        return self._found
+
+    def start_read(self) -> None:
+        """Start copying the flag to the host without waiting (on a GPU: into pinned memory,
+        with an event to wait for later)."""
+        if not self._finite:
+            return
+        found = self.found_inf(self._finite[0].device)
+        if found.device.type == "cuda":
+            self._host = torch.empty((), dtype=torch.float32, pin_memory=True)
+            self._host.copy_(found, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._event = event
+        else:
+            self._host = found
+
+    def bad_names(self) -> list[str]:
+        """The names of the tensors that held NaN or Inf (empty when none did). Waits for
+        the copy :meth:`start_read` started (by then, a step old), reads it through NumPy
+        (no device op); only a failed check reads the per-tensor results."""
+        if self._host is None:
+            self.start_read()
+            if self._host is None:
+                return []
+        if self._event is not None:
+            self._event.synchronize()  # type: ignore[attr-defined]
+        if float(self._host.detach().numpy()) == 0.0:
+            return []
+        bad = []
+        for names, finite in zip(self._names, self._finite, strict=True):
+            bad += [n for n, ok in zip(names, finite.tolist(), strict=True) if not ok]
+        return bad
+
+
+@contextlib.contextmanager
+def deferred_finite_checks(flag: FiniteFlag) -> Iterator[FiniteFlag]:
+    """Inside, every op's NaN/Inf check records into ``flag`` instead of reading its
+    result (see the module docstring)."""
+    token = _FLAG.set(flag)
+    try:
+        yield flag
+    finally:
+        _FLAG.reset(token)
+
+
+def current_flag() -> FiniteFlag | None:
+    """The flag of the enclosing :func:`deferred_finite_checks`, or None."""
+    return _FLAG.get()
