@@ -108,6 +108,23 @@ if not INNER:
             tilesplat.rasterization(means, quats, scales, opacities, colors, viewmats, Ks, 16,
                                     16, backend="cpu")
 
+    def test_camera_centres_in_the_step_flag_a_singular_viewmat():
+        from tilesplat.ops.deferred_checks import FiniteFlag, deferred_finite_checks
+        from tilesplat.rendering._pipeline import camera_centres
+
+        good = torch.eye(4)[None].repeat(2, 1, 1)
+        good[1, :3, 3] = torch.tensor([1.0, 2.0, 3.0])
+        assert torch.allclose(camera_centres(good)[1], torch.tensor([-1.0, -2.0, -3.0]))
+        bad = good.clone()
+        bad[0] = 0.0
+        with pytest.raises(torch.linalg.LinAlgError):
+            camera_centres(bad)  # outside the step: at once
+        for mats, names in ((good, []), (bad, ["viewmats (singular)"])):
+            flag = FiniteFlag()
+            with deferred_finite_checks(flag):
+                camera_centres(mats)
+            assert flag.bad_names() == names
+
 else:
 
     def test_steady_state_cuda_step_host_reads(tmp_path):

@@ -132,7 +132,7 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
             leaves["means"], None, leaves["quats"], leaves["scales"], viewmats, Ks, W, H,
             packed=False, opacities=leaves["opacities"], backend=b,
         )
-        campos = torch.inverse(viewmats)[:, :3, 3]  # [C, 3]
+        campos = torch.linalg.inv_ex(viewmats).inverse[:, :3, 3]  # [C, 3], no device read
         dirs = leaves["means"][None, :, :] - campos[:, None, :]  # [C, N, 3]
         sh = leaves["sh_coeffs"][None]  # [1, N, K, 3]: shared by the cameras, as rasterization
         colors = spherical_harmonics(

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..ops import isect_offset_encode, isect_tiles, spherical_harmonics
+from ..ops.deferred_checks import current_flag
 
 
 @dataclass
@@ -75,7 +76,7 @@ def colors_per_pair(
         if not per_view:
             return torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, D))
         return colors
-    campos = torch.linalg.inv(viewmats)[..., :3, 3]  # [..., C, 3]
+    campos = camera_centres(viewmats)  # [..., C, 3]
     K = colors.shape[-2]
     if packed:
         dirs = (gather_rows(means.reshape(B * N, 3), gauss_rows)
@@ -89,6 +90,22 @@ def colors_per_pair(
     masks = (radii > 0).all(dim=-1)
     colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
     return torch.clamp_min(colors + 0.5, 0.0)
+
+
+def camera_centres(viewmats: Tensor) -> Tensor:
+    """The centres [..., C, 3] of the cameras ``viewmats`` [..., C, 4, 4] (world-to-camera).
+
+    ``torch.linalg.inv`` reads the device to raise on a singular matrix (a sync on a GPU). In
+    the trainer's step (a flag of ``ops.deferred_checks`` is open) the inverse is taken without
+    that check and a singular matrix is recorded in the flag, read a step later; elsewhere a
+    singular viewmat raises at once.
+    """
+    flag = current_flag()
+    if flag is None:
+        return torch.linalg.inv(viewmats)[..., :3, 3]
+    inverse, info = torch.linalg.inv_ex(viewmats)
+    flag.record(("viewmats (singular)",), (info == 0).all().reshape(1))
+    return inverse[..., :3, 3]
 
 
 def add_depth_channel(
