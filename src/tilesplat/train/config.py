@@ -255,6 +255,23 @@ class TrainConfig:
         3000, "2dgs: first step with the depth-distortion loss (gsplat's default)", "optim"
     )
 
+    # --- pose refinement (train/pose_opt.py) ---
+    pose_opt: bool = _f(
+        False,
+        "learn an SE(3) correction of each training camera's pose (gsplat's pose_opt); the "
+        "refined poses go to RUN/poses.json and serve render/eval of the training views",
+        "optim",
+    )
+    pose_opt_lr: float = _f(
+        1e-5,
+        "pose_opt: Adam learning rate of the corrections (times sqrt(batch_size); decays "
+        "to 1 % by the last step), gsplat's default",
+        "optim",
+    )
+    pose_opt_reg: float = _f(
+        1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's default", "optim"
+    )
+
     # --- densification ---
     strategy: str = _f(
         "default",
