@@ -202,3 +202,41 @@ def test_config_keys_are_checked_and_model_parallel_is_refused():
         TrainConfig(pose_opt=True, parallel="model").validate()
     TrainConfig(pose_opt=True, parallel="data").validate()
     TrainConfig(parallel="model").validate()  # off: no objection
+
+
+def _data_parallel(rank: int, port: int, folder: str) -> None:
+    """parallel = "data" with pose_opt: 2 ranks x 2 cameras per step learn the corrections
+    1 process x 4 cameras learns (the gradients averaged over the ranks), both ranks alike."""
+    import torch.distributed as dist
+
+    from test_distributed import _init
+
+    _init(rank, port)
+    try:
+        ds = load_dataset(folder)
+        common = dict(steps=8, batch_size=4, init_points=100, sh_degree=0, refine_start=100,
+                      checkpoint_every=0, progress=False, lpips=False, backend="torch",
+                      pose_opt=True, pose_opt_lr=1e-2)
+        single = Trainer(TrainConfig(**common).validate(), ds, f"{folder}/single{rank}",
+                         log=lambda m: None)
+        ranks = Trainer(TrainConfig(parallel="data", **common).validate(), ds,
+                        f"{folder}/ranks", log=lambda m: None)
+        for step in range(8):
+            single.train_step(step)
+            ranks.train_step(step)
+        mine = ranks.features[0].deltas.detach()
+        assert mine.abs().max() > 1e-3
+        torch.testing.assert_close(mine, single.features[0].deltas.detach(), atol=1e-4,
+                                   rtol=1e-3)
+        both = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine)
+        assert torch.equal(both[0], both[1])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_training_refines_as_one_process(tmp_path):
+    from test_distributed import _spawn
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=16)
+    _spawn(_data_parallel, str(folder))
