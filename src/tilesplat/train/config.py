@@ -272,6 +272,21 @@ class TrainConfig:
         1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's default", "optim"
     )
 
+    # --- depth prior (train/depth_loss.py) ---
+    depth_loss: bool = _f(
+        False,
+        "pull the expected depth towards the sparse points each training image sees (COLMAP's "
+        "tracks, a transforms.json's ply_file_path): inverse-depth L1, gsplat's depth_loss",
+        "optim",
+    )
+    depth_lambda: float = _f(1e-2, "depth_loss: weight of the term, gsplat's default", "optim")
+    depth_lambda_final: float = _f(
+        1.0,
+        "depth_loss: factor the weight decays to by the last step (exponentially; 1: "
+        "constant, as gsplat)",
+        "optim",
+    )
+
     # --- densification ---
     strategy: str = _f(
         "default",

@@ -56,6 +56,9 @@ class Feature:
 
     # the name of its state in checkpoints (and in messages)
     name: ClassVar[str] = "feature"
+    # whether its loss reads the render's expected depth (Render.depths): the step then
+    # asks the model kind for it (render_mode "RGB+ED")
+    needs_expected_depth: ClassVar[bool] = False
 
     @classmethod
     def config_errors(cls, cfg: TrainConfig) -> list[str]:
