@@ -140,3 +140,15 @@ def test_the_prior_needs_sparse_points_and_checks_its_keys(tmp_path):
         TrainConfig(depth_lambda=-1.0).validate()
     with pytest.raises(ValueError, match=r"depth_lambda_final must be in \(0, 1\]"):
         TrainConfig(depth_lambda_final=0.0).validate()
+
+
+def test_a_malformed_track_is_refused_with_its_line(tmp_path):
+    from tilesplat.data.colmap_format import read_points3d_txt_tracks
+
+    path = tmp_path / "points3D.txt"
+    path.write_text("# a point seen by images 1 and 3\n1 0 0 1 10 20 30 0.5 1 0 3 7\n")
+    xyz, _, tracks = read_points3d_txt_tracks(path)
+    assert tracks.of_image().keys() == {1, 3} and len(xyz) == 1
+    path.write_text("1 0 0 1 10 20 30 0.5 one 0\n")
+    with pytest.raises(ValueError, match=r"points3D.txt:1: malformed track"):
+        read_points3d_txt_tracks(path)
