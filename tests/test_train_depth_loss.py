@@ -140,6 +140,8 @@ def test_the_prior_needs_sparse_points_and_checks_its_keys(tmp_path):
         TrainConfig(depth_lambda=-1.0).validate()
     with pytest.raises(ValueError, match=r"depth_lambda_final must be in \(0, 1\]"):
         TrainConfig(depth_lambda_final=0.0).validate()
+    with pytest.raises(ValueError, match="depth_loss is not supported with parallel = 'model'"):
+        TrainConfig(depth_loss=True, parallel="model").validate()
 
 
 def test_a_malformed_track_is_refused_with_its_line(tmp_path):

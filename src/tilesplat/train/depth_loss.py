@@ -14,7 +14,9 @@ by the last step (1: constant, as gsplat).
 Where it runs: on the training device, per camera a projection of its points and a
 ``grid_sample`` of one [H, W] image. The points stay on the training device, [P_i, 3] per
 training image: as many as the model's tracks hold, which the COLMAP reader bounds by the
-file's size. The cameras must be pinhole (the only projection written here).
+file's size. The cameras must be pinhole (the only projection written here). In a
+data-parallel job each rank takes the term of its cameras, averaged with the gradients; a
+model-parallel job is refused (each rank renders every camera of the batch).
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ class DepthPrior(Feature):
             errors.append(f"depth_lambda must be >= 0, got {cfg.depth_lambda}")
         if not 0.0 < cfg.depth_lambda_final <= 1.0:
             errors.append(f"depth_lambda_final must be in (0, 1], got {cfg.depth_lambda_final}")
+        if cfg.depth_loss and cfg.parallel == "model":
+            errors.append(
+                "depth_loss is not supported with parallel = 'model' (every rank renders the "
+                "whole batch, so the term would count once per rank); use parallel = 'data' "
+                "or 'none'"
+            )
         return errors
 
     @classmethod
