@@ -125,7 +125,7 @@ def test_points_without_tracks_are_found_by_a_coarse_z_buffer(weak, tmp_path):
     assert np.mean(precision) > 0.9 and np.mean(recall) > 0.5, (precision, recall)
     cfg = apply_overrides(TrainConfig(), TRAIN + ["depth_loss=true", "steps=2", "backend=cpu"])
     feature = DepthPrior(cfg, ns, torch.device("cpu"))
-    assert [len(p) for p in feature.points] == [len(visible_points(ns.points, f))
+    assert feature.valid.sum(1).tolist() == [len(visible_points(ns.points, f))
                                                for f in ns.train]
 
 
@@ -154,3 +154,18 @@ def test_a_malformed_track_is_refused_with_its_line(tmp_path):
     path.write_text("1 0 0 1 10 20 30 0.5 one 0\n")
     with pytest.raises(ValueError, match=r"points3D.txt:1: malformed track"):
         read_points3d_txt_tracks(path)
+
+
+def test_an_image_with_many_points_keeps_a_seeded_subsample(weak, monkeypatch):
+    from tilesplat.train import depth_loss
+
+    monkeypatch.setattr(depth_loss, "MAX_POINTS", 100)
+    ds = load_dataset(weak[0], test_every=TEST_EVERY)
+    cfg = apply_overrides(TrainConfig(), TRAIN + ["depth_loss=true"])
+    a, b = (DepthPrior(cfg, ds, torch.device("cpu")) for _ in range(2))
+    assert a.points.shape == (len(ds.train), 100, 3) and a.valid.all()
+    assert torch.equal(a.points, b.points)  # seeded
+    for i, f in enumerate(ds.train):
+        seen = ds.points[f.point_ids]
+        near = torch.cdist(a.points[i], seen, compute_mode="donot_use_mm_for_euclid_dist")
+        assert (near.min(1).values == 0).all()

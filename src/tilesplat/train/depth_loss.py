@@ -11,12 +11,13 @@ the inverse depths, times the scene scale (so that it does not depend on the sce
 times ``depth_lambda``, which decays exponentially to ``depth_lambda * depth_lambda_final``
 by the last step (1: constant, as gsplat).
 
-Where it runs: on the training device, per camera a projection of its points and a
-``grid_sample`` of one [H, W] image. The points stay on the training device, [P_i, 3] per
-training image: as many as the model's tracks hold, which the COLMAP reader bounds by the
-file's size. The cameras must be pinhole (the only projection written here). In a
-data-parallel job each rank takes the term of its cameras, averaged with the gradients; a
-model-parallel job is refused (each rank renders every camera of the batch).
+Where it runs: on the training device, a projection of the batch's points and one
+``grid_sample``, with no host sync. The points stay on the training device, a padded [N, P, 3]
+table of the N training images' points: as many as the tracks hold (which the COLMAP reader
+bounds by the file's size), at most ``MAX_POINTS`` per image (a seeded subsample beyond).
+The cameras must be pinhole (the only projection written here). In a data-parallel job
+each rank takes the term of its cameras, averaged with the gradients; a model-parallel job is
+refused (each rank renders every camera of the batch).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 PATCH_PX = 4  # visible_points: the patch size of the nearest-point test, in pixels
 SLACK = 0.05  # visible_points: how far behind the patch's nearest point a point still counts
+MAX_POINTS = 1 << 15  # the most points of one image the prior keeps (a seeded subsample)
 
 
 def project(points: Tensor, viewmat: Tensor, K: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,7 +79,9 @@ class DepthPrior(Feature):
     """The depth prior of the sparse points (``depth_loss``), see the module docstring.
 
     Attributes:
-        points: per training image, the world points [P_i, 3] it sees (on the device).
+        points: [N, P, 3] per training image the world points it sees, padded to the most
+            any image sees (at most ``MAX_POINTS``), on the device; valid: [N, P] bool, the
+            real ones.
     """
 
     name = "depth_loss"
@@ -110,18 +114,30 @@ class DepthPrior(Feature):
                 f"{where} has no sparse points (a COLMAP model's points3D, a transforms.json's "
                 f"ply_file_path); depth_loss needs them"
             )
-        other = [f.name for f in dataset.train if f.camera_model != "pinhole"]
+        other = [f for f in dataset.train if f.camera_model != "pinhole"]
         if other:
-            raise ValueError(f"{where}: depth_loss supports pinhole cameras, {other[0]} is "
-                             f"{dataset.train[0].camera_model}")
+            raise ValueError(f"{where}: depth_loss supports pinhole cameras, {other[0].name} "
+                             f"is {other[0].camera_model}")
         points = dataset.points.float()
-        self.points = []
-        for f in dataset.train:
+        rows = []
+        for i, f in enumerate(dataset.train):
             ids = f.point_ids if f.point_ids is not None else visible_points(points, f,
                                                                              cfg.near_plane)
-            self.points.append(points[ids.long()].to(device))
-        if not any(len(p) for p in self.points):
+            ids = ids.long()
+            if len(ids) > MAX_POINTS:  # a seeded subsample bounds the padded table
+                gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
+                ids = ids[torch.randperm(len(ids), generator=gen)[:MAX_POINTS]]
+            rows.append(ids)
+        if not any(len(r) for r in rows):
             raise ValueError(f"{where}: no training image sees any of its sparse points")
+        # [N, P, 3] the points of each training image, padded; [N, P] which are real
+        width = max(len(r) for r in rows)
+        self.points = torch.zeros((len(rows), width, 3))
+        self.valid = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            self.points[i, :len(r)] = points[r]
+            self.valid[i, :len(r)] = True
+        self.points, self.valid = self.points.to(device), self.valid.to(device)
         self.weight = cfg.depth_lambda
         self.decay = cfg.depth_lambda_final ** (1.0 / cfg.steps)
         self.scene_scale = float(dataset.scene_radius)
@@ -129,30 +145,30 @@ class DepthPrior(Feature):
 
     def loss(self, out: Render, batch: Cameras, step: int) -> Tensor | None:
         """``depth_lambda(step)`` x scene scale x mean |1 / rendered depth - 1 / point depth|
-        over the batch's points in view (None when none is)."""
+        over the batch's points in view (zero when none is). All on the device, no host
+        sync."""
         views = getattr(batch, "views", None)
         if views is None or out.depths is None or self.weight == 0.0:
             return None
-        rendered, wanted = [], []
-        for c, v in enumerate(views.tolist()):
-            uv, z = project(self.points[v], batch.viewmats[c].detach(), batch.Ks[c])
-            keep = in_view(uv, z, batch.width, batch.height, self.near)
-            if not keep.any():
-                continue
-            uv, z = uv[keep], z[keep]
-            # grid_sample, align_corners=True: -1 and 1 are the centres of the first and last
-            # pixels, at 0.5 and size - 0.5
-            grid = torch.stack([(uv[:, 0] - 0.5) / max(batch.width - 1, 1),
-                                (uv[:, 1] - 0.5) / max(batch.height - 1, 1)], -1) * 2.0 - 1.0
-            depth = out.depths[c].permute(2, 0, 1)[None]  # [1, 1, H, W]
-            sampled = F.grid_sample(depth, grid[None, None], mode="bilinear",
-                                    padding_mode="border", align_corners=True)[0, 0, 0]
-            rendered.append(sampled)
-            wanted.append(z)
-        if not rendered:
-            return None
-        d = torch.cat(rendered)
-        disparity = torch.where(d > 0.0, 1.0 / d.clamp_min(1e-10), torch.zeros_like(d))
-        target = 1.0 / torch.cat(wanted)
-        term = F.l1_loss(disparity, target) * self.scene_scale
+        pts = self.points[views]  # [C, P, 3]
+        vm = batch.viewmats.detach()
+        cam = pts @ vm[:, :3, :3].transpose(1, 2) + vm[:, None, :3, 3]  # [C, P, 3]
+        z = cam[..., 2]
+        safe = torch.where(z.abs() > 1e-12, z, torch.ones_like(z))
+        K = batch.Ks
+        u = K[:, None, 0, 0] * cam[..., 0] / safe + K[:, None, 0, 2]
+        v = K[:, None, 1, 1] * cam[..., 1] / safe + K[:, None, 1, 2]
+        keep = (self.valid[views] & (z > self.near) & (u >= 0) & (u < batch.width) & (v >= 0)
+                & (v < batch.height))
+        # grid_sample, align_corners=True: -1 and 1 are the centres of the first and last
+        # pixels, at 0.5 and size - 0.5
+        grid = torch.stack([(u - 0.5) / max(batch.width - 1, 1),
+                            (v - 0.5) / max(batch.height - 1, 1)], -1) * 2.0 - 1.0
+        sampled = F.grid_sample(out.depths.permute(0, 3, 1, 2), grid[:, None], mode="bilinear",
+                                padding_mode="border", align_corners=True)[:, 0, 0]  # [C, P]
+        disparity = torch.where(sampled > 0.0, 1.0 / sampled.clamp_min(1e-10),
+                                torch.zeros_like(sampled))
+        target = 1.0 / torch.where(keep, z, torch.ones_like(z))
+        err = torch.where(keep, (disparity - target).abs(), torch.zeros_like(z))
+        term = err.sum() / keep.sum().clamp_min(1) * self.scene_scale
         return self.weight * self.decay**step * term
