@@ -7,7 +7,10 @@ Every pixel averages 2x2 rays, each traced back through the lens with
 capture and its pinhole twin see the same scene from the same poses. A capture may carry a
 :class:`Distractor` per view (a flat-coloured ball that moves between views, as a passer-by
 would) and the masks that hide it (COLMAP's ``masks/<image name>.png``, black on every pixel
-one of whose rays meets the ball).
+one of whose rays meets the ball). A capture may be weakly textured (``contrast`` < 1), and its
+sparse points may carry their tracks (:func:`observations`: every view where a point is in the
+image and not hidden), as the depth prior reads them; :func:`scene_depth` gives the true depth
+of every pixel.
 """
 
 from __future__ import annotations
@@ -70,16 +73,17 @@ def _world_rays(viewmat: np.ndarray, cam: Camera, xy: np.ndarray
     return -R.T @ t, np.where(ok[:, None], d, np.array([0.0, 0.0, 1.0])), ok
 
 
-def render(viewmat: np.ndarray, cam: Camera, distractor: Distractor | None = None
-           ) -> tuple[np.ndarray, np.ndarray]:
+def render(viewmat: np.ndarray, cam: Camera, distractor: Distractor | None = None,
+           contrast: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(rgb [H, W, 3] float in [0, 1], hidden [H, W] bool: where a ray met the distractor) of
-    the room seen through ``cam`` from world-to-camera ``viewmat`` [4, 4] (OpenCV axes)."""
+    the room seen through ``cam`` from world-to-camera ``viewmat`` [4, 4] (OpenCV axes), its
+    textures at ``contrast`` (:func:`.room.albedo`)."""
     grid = cm.pixel_grid(cam.width, cam.height).reshape(-1, 2) - 0.5
     acc = np.zeros((len(grid), 3))
     hidden = np.zeros(len(grid), dtype=bool)
     for ox, oy in SUBPIXELS:
         eye, d, ok = _world_rays(viewmat, cam, grid + np.array([ox, oy]))
-        rgb = room.shade(eye, d)
+        rgb = room.shade(eye, d, contrast)
         if distractor is not None:
             t_scene = room.trace(eye, d)[0]
             t_ball, _ = _sphere(eye, d, distractor.center, distractor.radius)
@@ -89,6 +93,33 @@ def render(viewmat: np.ndarray, cam: Camera, distractor: Distractor | None = Non
         acc += np.where(ok[:, None], rgb, 0.0)
     shape = (cam.height, cam.width)
     return (acc / len(SUBPIXELS)).reshape(*shape, 3), hidden.reshape(shape)
+
+
+def scene_depth(viewmat: np.ndarray, cam: Camera) -> np.ndarray:
+    """[H, W] the z-depth (along the camera's axis) of the surface at each pixel centre."""
+    grid = cm.pixel_grid(cam.width, cam.height).reshape(-1, 2)
+    eye, d, ok = _world_rays(viewmat, cam, grid)
+    z = room.trace(eye, d)[0] * (d @ viewmat[2, :3])  # t along a unit ray -> camera z
+    return np.where(ok, z, np.nan).reshape(cam.height, cam.width)
+
+
+def observations(xyz: np.ndarray, viewmats: np.ndarray, cam: Camera
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per view, (pixel positions [M, 2], rows of ``xyz`` [M]) of the points it sees: in its
+    image and the first surface along the ray from its eye (what a track would hold)."""
+    out = []
+    for viewmat in viewmats:
+        R, t = viewmat[:3, :3], viewmat[:3, 3]
+        xy, ok = cm.img_from_ray(cam.model, cam.array, xyz @ R.T + t)
+        ok &= (xy[:, 0] >= 0) & (xy[:, 0] < cam.width) & (xy[:, 1] >= 0) & (xy[:, 1] < cam.height)
+        eye = -R.T @ t
+        rows = np.nonzero(ok)[0]
+        ray = xyz[rows] - eye
+        dist = np.linalg.norm(ray, axis=1)
+        hit = room.trace(eye, ray / dist[:, None])[0]
+        keep = hit > dist * (1.0 - 1e-6) - 1e-5  # nothing in front of the point
+        out.append((xy[rows[keep]], rows[keep]))
+    return out
 
 
 def scene_points(viewmats: np.ndarray, cam: Camera, stride: int = 6
@@ -115,11 +146,15 @@ def write_capture(
     points: tuple[np.ndarray, np.ndarray] | None = None,
     distractors: Sequence[Distractor | None] | None = None,
     masks: bool = False,
+    contrast: float = 1.0,
+    tracks: bool = False,
 ) -> Path:
     """Write a COLMAP dataset of the room: ``images/view_NNN.png`` rendered through ``cam``
-    from each of ``viewmats`` [N, 4, 4], ``sparse/0/`` in ``fmt`` (``bin`` or ``txt``) with
-    one camera, the poses and ``points`` (default: :func:`scene_points` of the views), and
-    with ``masks`` the masks that hide ``distractors`` (one per view, or None).
+    from each of ``viewmats`` [N, 4, 4] with textures at ``contrast``, ``sparse/0/`` in
+    ``fmt`` (``bin`` or ``txt``) with one camera, the poses and ``points`` (default:
+    :func:`scene_points` of the views; with ``tracks`` their :func:`observations` as the
+    images' 2D points and the points' tracks), and with ``masks`` the masks that hide
+    ``distractors`` (one per view, or None).
 
     Returns ``out`` as a Path.
     """
@@ -133,7 +168,7 @@ def write_capture(
     for i, viewmat in enumerate(viewmats):
         name = f"view_{i:03d}.png"
         ball = distractors[i] if distractors is not None else None
-        rgb, hidden = render(viewmat, cam, ball)
+        rgb, hidden = render(viewmat, cam, ball, contrast)
         write_png(out / "images" / name, rgb.astype(np.float32))
         if masks and hidden.any():
             write_png(out / "masks" / f"{name}.png", np.where(hidden, 0, 255).astype(np.uint8))
@@ -141,5 +176,6 @@ def write_capture(
                                   1, name))
     xyz, rgb = points if points is not None else scene_points(viewmats, cam)
     camera = ColmapCamera(1, cam.model, cam.width, cam.height, cam.array)
-    write_model(out / "sparse" / "0", [camera], images, xyz, rgb, fmt=fmt)
+    seen = observations(xyz, viewmats, cam) if tracks else None
+    write_model(out / "sparse" / "0", [camera], images, xyz, rgb, fmt=fmt, observations=seen)
     return out

@@ -14,6 +14,7 @@ refused with their name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from . import camera_models as cm
-from .colmap_format import ColmapCamera, qvec_to_rotmat, read_model
+from .colmap_format import ColmapCamera, qvec_to_rotmat, read_model_tracks
 from .frames import SceneDataset, cameras_extent, mask_files, split_every
 from .posed_images import Shot, load_shots
 from .undistort import Camera
@@ -43,6 +44,15 @@ def camera_of(cam: ColmapCamera, source: Path) -> Camera:
     if cam.width < 1 or cam.height < 1:
         raise ValueError(f"{where} has an empty image size {cam.width}x{cam.height}")
     return Camera(cam.model, cam.width, cam.height, tuple(float(v) for v in cam.params))
+
+
+def _point_ids(rows: np.ndarray | None, n_points: int) -> torch.Tensor | None:
+    """The points an image sees as a Frame's ``point_ids`` (None when it sees none; the rows
+    of a track that name no point of the model are dropped)."""
+    if rows is None or n_points == 0:
+        return None
+    rows = rows[(rows >= 0) & (rows < n_points)]
+    return torch.from_numpy(rows.astype(np.int64)) if len(rows) else None
 
 
 def _sparse_dir(root: Path) -> Path:
@@ -75,7 +85,7 @@ def load_colmap(
     root = Path(path)
     log = log or (lambda _: None)
     sparse = _sparse_dir(root)
-    cams, images, xyz, rgb = read_model(sparse)
+    cams, images, xyz, rgb, tracks = read_model_tracks(sparse)
     if not images:
         raise ValueError(f"{sparse}: the COLMAP model has no registered images")
     cam_file = next(
@@ -113,6 +123,9 @@ def load_colmap(
     if not tr:
         raise ValueError(f"{root}: no train images left after the test split (test_every=1)")
     frames = load_shots(shots, root, downscale, log)
+    seen = tracks.of_image()  # the sparse points each image sees (the depth prior's)
+    frames = [dataclasses.replace(f, point_ids=_point_ids(seen.get(im.image_id), len(xyz)))
+              for f, im in zip(frames, ordered, strict=True)]
     train, test = [frames[i] for i in tr], [frames[i] for i in te]
     centers = np.stack([f.camera_center.double().numpy() for f in train])
     center = centers.mean(0)

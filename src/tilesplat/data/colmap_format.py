@@ -135,19 +135,58 @@ def read_images_bin(path: Path) -> dict[int, ColmapImage]:
     return images
 
 
-def read_points3d_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
+@dataclass
+class Tracks:
+    """Which images see which 3D points: one entry per track element of points3D.
+
+    Attributes:
+        point: [T] int64, the point's row in the model's xyz (0-based, file order).
+        image: [T] int64, the IMAGE_ID that observes it.
+    """
+
+    point: np.ndarray
+    image: np.ndarray
+
+    def of_image(self) -> dict[int, np.ndarray]:
+        """IMAGE_ID -> the sorted unique rows of the points it sees."""
+        if len(self.image) == 0:
+            return {}
+        order = np.argsort(self.image, kind="stable")
+        ids, starts = np.unique(self.image[order], return_index=True)
+        parts = np.split(self.point[order], starts[1:])
+        return {int(i): np.unique(p) for i, p in zip(ids, parts, strict=True)}
+
+
+def _tracks(points: list[np.ndarray], images: list[np.ndarray]) -> Tracks:
+    empty = np.zeros(0, dtype=np.int64)
+    return Tracks(np.concatenate(points).astype(np.int64) if points else empty,
+                  np.concatenate(images).astype(np.int64) if images else empty)
+
+
+def read_points3d_bin_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks]:
+    """(xyz [P, 3] float64, rgb [P, 3] uint8, the tracks); every array is bounded by the
+    file's size (the counts are checked against the bytes that follow)."""
     r = _Reader(path)
     n = r.count("3D points", 43 + 8)
     xyz = np.empty((n, 3))
     rgb = np.empty((n, 3), dtype=np.uint8)
+    rows, seen = [], []
     for i in range(n):
         vals = r.unpack("Q3d3Bd", f"3D point record {i}")
         xyz[i] = vals[1:4]
         rgb[i] = vals[4:7]
         track = r.count(f"track entries of 3D point {vals[0]}", 8)
-        r.take(8 * track, f"the track of 3D point {vals[0]}")
+        raw = r.take(8 * track, f"the track of 3D point {vals[0]}")
+        if track:  # (IMAGE_ID int32, POINT2D_IDX int32) pairs
+            seen.append(np.frombuffer(raw, dtype="<i4")[0::2])
+            rows.append(np.full(track, i, dtype=np.int64))
     r.finish()
+    return xyz, rgb, _tracks(rows, seen)
+
+
+def read_points3d_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
+    xyz, rgb, _ = read_points3d_bin_tracks(path)
     return xyz, rgb
 
 
@@ -207,8 +246,9 @@ def read_images_txt(path: Path) -> dict[int, ColmapImage]:
     return images
 
 
-def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    xyz, rgb = [], []
+def read_points3d_txt_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks]:
+    """(xyz [P, 3] float64, rgb [P, 3] uint8, the tracks)."""
+    xyz, rgb, rows, seen = [], [], [], []
     for lineno, line in _text_lines(path):
         if not line:
             continue
@@ -218,11 +258,23 @@ def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{path}:{lineno}: the track must hold (IMAGE_ID, POINT2D_IDX) pairs")
         if not all(0 <= c <= 255 for c in v[4:7]):
             raise ValueError(f"{path}:{lineno}: colour values must be in 0..255")
+        if len(tok) > 8:
+            try:
+                ids = np.array(tok[8::2], dtype=np.int64)
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: malformed track: {e}") from e
+            seen.append(ids)
+            rows.append(np.full(len(ids), len(xyz), dtype=np.int64))
         xyz.append(v[1:4])
         rgb.append(v[4:7])
-    return np.array(xyz, dtype=np.float64).reshape(-1, 3), np.array(rgb, dtype=np.uint8).reshape(
-        -1, 3
-    )
+    return (np.array(xyz, dtype=np.float64).reshape(-1, 3),
+            np.array(rgb, dtype=np.uint8).reshape(-1, 3), _tracks(rows, seen))
+
+
+def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
+    xyz, rgb, _ = read_points3d_txt_tracks(path)
+    return xyz, rgb
 
 
 def read_model(
@@ -233,10 +285,18 @@ def read_model(
     Returns:
         (cameras, images, xyz [P, 3] float64, rgb [P, 3] uint8)
     """
+    cams, images, xyz, rgb, _ = read_model_tracks(sparse)
+    return cams, images, xyz, rgb
+
+
+def read_model_tracks(
+    sparse: Path,
+) -> tuple[dict[int, ColmapCamera], dict[int, ColmapImage], np.ndarray, np.ndarray, Tracks]:
+    """:func:`read_model` and the points' tracks (which images see each point)."""
     readers = {
         "cameras": (read_cameras_bin, read_cameras_txt),
         "images": (read_images_bin, read_images_txt),
-        "points3D": (read_points3d_bin, read_points3d_txt),
+        "points3D": (read_points3d_bin_tracks, read_points3d_txt_tracks),
     }
     out = {}
     for stem, (rbin, rtxt) in readers.items():
@@ -246,8 +306,8 @@ def read_model(
             out[stem] = rtxt(sparse / f"{stem}.txt")
         else:
             raise FileNotFoundError(f"COLMAP model file not found: {sparse / stem}.bin (or .txt)")
-    xyz, rgb = out["points3D"]
-    return out["cameras"], out["images"], xyz, rgb
+    xyz, rgb, tracks = out["points3D"]
+    return out["cameras"], out["images"], xyz, rgb, tracks
 
 
 def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:

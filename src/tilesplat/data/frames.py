@@ -38,6 +38,9 @@ class Frame:
             and the pixels an undistortion could fill), or None when every pixel counts.
         camera_model: the rasterizer's camera that renders the frame, ``pinhole`` or
             ``fisheye`` (equidistant; ``K`` then holds its focal lengths and centre).
+        point_ids: [P_i] int64, the rows of :attr:`SceneDataset.points` this image sees
+            (COLMAP: the points whose track holds the image), or None when the source says
+            nothing of it (the depth prior, ``train/depth_loss.py``, then finds them).
     """
 
     name: str
@@ -49,6 +52,7 @@ class Frame:
     alpha: torch.Tensor | None
     mask: torch.Tensor | None = None
     camera_model: str = "pinhole"
+    point_ids: torch.Tensor | None = None
 
     @property
     def camera_center(self) -> torch.Tensor:

@@ -83,8 +83,9 @@ def value_noise(p: np.ndarray, freq: float, seed: int) -> np.ndarray:
     return out
 
 
-def albedo(p: np.ndarray, material: np.ndarray) -> np.ndarray:
-    """Colours [M, 3] of surface points p [M, 3] of the given materials [M]."""
+def albedo(p: np.ndarray, material: np.ndarray, contrast: float = 1.0) -> np.ndarray:
+    """Colours [M, 3] of surface points p [M, 3] of the given materials [M]; ``contrast``
+    scales the texture about each palette's middle (0: one flat colour per surface)."""
     fbm = np.zeros(len(p))
     total = 0.0
     for octave, freq in enumerate((1.5, 3.5, 8.0, 16.0)):
@@ -93,7 +94,7 @@ def albedo(p: np.ndarray, material: np.ndarray) -> np.ndarray:
         total += amp
     fbm /= total
     # stretch the contrast: fbm concentrates around 0.5
-    w = np.clip(0.5 + 2.2 * (fbm - 0.5), 0.0, 1.0)
+    w = np.clip(0.5 + contrast * 2.2 * (fbm - 0.5), 0.0, 1.0)
     lo = np.array([_PALETTES[m][0] for m in range(len(_PALETTES))])[material]
     hi = np.array([_PALETTES[m][1] for m in range(len(_PALETTES))])[material]
     return lo * (1.0 - w[:, None]) + hi * w[:, None]
@@ -132,14 +133,15 @@ def trace(o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return t, normal, material
 
 
-def shade(o: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """RGB [M, 3] in [0, 1] of rays o [3] + t d [M, 3] (|d| = 1) started inside the room."""
+def shade(o: np.ndarray, d: np.ndarray, contrast: float = 1.0) -> np.ndarray:
+    """RGB [M, 3] in [0, 1] of rays o [3] + t d [M, 3] (|d| = 1) started inside the room
+    (``contrast``: the textures', :func:`albedo`)."""
     t, normal, material = trace(o, d)
     p = o + t[:, None] * d
     diffuse = _AMBIENT + (1.0 - _AMBIENT) * np.clip(normal @ _LIGHT, 0.0, None)
     # walls facing away from the light still get a soft bounce, not a flat ambient
     diffuse = np.maximum(diffuse, 0.55 + 0.1 * normal[:, 2])
-    return np.clip(albedo(p, material) * diffuse[:, None], 0.0, 1.0)
+    return np.clip(albedo(p, material, contrast) * diffuse[:, None], 0.0, 1.0)
 
 
 def camera_poses(n: int, seed: int = 0) -> np.ndarray:

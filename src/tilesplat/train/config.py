@@ -255,6 +255,38 @@ class TrainConfig:
         3000, "2dgs: first step with the depth-distortion loss (gsplat's default)", "optim"
     )
 
+    # --- pose refinement (train/pose_opt.py) ---
+    pose_opt: bool = _f(
+        False,
+        "learn an SE(3) correction of each training camera's pose (gsplat's pose_opt); the "
+        "refined poses go to RUN/poses.json and serve render/eval of the training views",
+        "optim",
+    )
+    pose_opt_lr: float = _f(
+        1e-5,
+        "pose_opt: Adam learning rate of the corrections (times sqrt(batch_size); decays "
+        "to 1 % by the last step), gsplat's default",
+        "optim",
+    )
+    pose_opt_reg: float = _f(
+        1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's default", "optim"
+    )
+
+    # --- depth prior (train/depth_loss.py) ---
+    depth_loss: bool = _f(
+        False,
+        "pull the expected depth towards the sparse points each training image sees (COLMAP's "
+        "tracks, a transforms.json's ply_file_path): inverse-depth L1, gsplat's depth_loss",
+        "optim",
+    )
+    depth_lambda: float = _f(1e-2, "depth_loss: weight of the term, gsplat's default", "optim")
+    depth_lambda_final: float = _f(
+        1.0,
+        "depth_loss: factor the weight decays to by the last step (exponentially; 1: "
+        "constant, as gsplat)",
+        "optim",
+    )
+
     # --- densification ---
     strategy: str = _f(
         "default",

@@ -15,7 +15,10 @@ its config switches on (:meth:`Feature.from_config` returns None when it is off)
 The trainer saves :meth:`Feature.state_dict` in its checkpoints under ``features`` (tensors on
 the CPU, loadable with ``weights_only=True``), restores it on resume and calls
 :meth:`Feature.write` when it writes a checkpoint, so that the run folder holds what the
-feature learned (refined poses, ...). The base class is the identity at every point.
+feature learned (refined poses, ...). Renders and evaluations of a run see the dataset through
+:meth:`Feature.trained_views` of its features (the training views at their refined poses, ...;
+:func:`checkpoint_features` rebuilds them from a checkpoint). The base class is the identity at
+every point.
 
 A feature registers with ``@register_feature`` where it is defined, and its module is imported
 by ``train/__init__.py``; its config checks are :meth:`Feature.config_errors`, which
@@ -53,6 +56,9 @@ class Feature:
 
     # the name of its state in checkpoints (and in messages)
     name: ClassVar[str] = "feature"
+    # whether its loss reads the render's expected depth (Render.depths): the step then
+    # asks the model kind for it (render_mode "RGB+ED")
+    needs_expected_depth: ClassVar[bool] = False
 
     @classmethod
     def config_errors(cls, cfg: TrainConfig) -> list[str]:
@@ -95,6 +101,12 @@ class Feature:
         """Write what the feature learned into the run folder (atomically); the base writes
         nothing."""
 
+    def trained_views(self, dataset: SceneDataset) -> SceneDataset:
+        """``dataset`` as the trained model sees it, for renders and evaluation after (or
+        during) training: refined poses of the training views, say (the base returns it
+        unchanged)."""
+        return dataset
+
 
 _FEATURES: list[type[Feature]] = []
 
@@ -125,6 +137,23 @@ def build_features(
 def features_state(features: list[Feature]) -> dict[str, dict[str, Any]]:
     """The checkpoint entry of ``features``: each one's state by name."""
     return {f.name: f.state_dict() for f in features}
+
+
+def trained_dataset(features: list[Feature], dataset: SceneDataset) -> SceneDataset:
+    """``dataset`` as the features' learned state sees it (:meth:`Feature.trained_views` of
+    each, in order)."""
+    for f in features:
+        dataset = f.trained_views(dataset)
+    return dataset
+
+
+def checkpoint_features(cfg: TrainConfig, dataset: SceneDataset, checkpoint: dict[str, Any]
+                        ) -> list[Feature]:
+    """The features ``cfg`` switches on, on the CPU, with the state of a training
+    ``checkpoint`` (what a render or an evaluation of the run needs of them)."""
+    features = build_features(cfg, dataset, torch.device("cpu"))
+    load_features_state(features, checkpoint.get("features"))
+    return features
 
 
 def load_features_state(features: list[Feature], states: object) -> None:

@@ -29,6 +29,7 @@ from ..data.dataset import SceneDataset, load_dataset
 from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints, load_checkpoint
 from .config import TrainConfig, apply_overrides, load_config, save_config
 from .evaluate import METRICS, evaluate
+from .features import checkpoint_features, trained_dataset
 from .metrics import make_lpips
 from .models import model_kind
 from .parallel import parallel_mode
@@ -236,6 +237,7 @@ def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDat
     params = trainer.full_params()
     if not trainer.writes or params is None:
         return {}
+    dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
     return write_outputs(
         run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed
     )
@@ -342,6 +344,7 @@ def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
     run_dir = Path(run_dir)
     cfg, params, ckpt = load_run(run_dir)
     dataset = load_scene(cfg, log)
+    dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     return write_outputs(
         run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed")
     )
@@ -354,8 +357,10 @@ def render_run(
     if split not in ("test", "train", "all"):
         raise ValueError(f"split must be test, train or all, got {split!r}")
     run_dir = Path(run_dir)
-    cfg, params, _ = load_run(run_dir)
+    cfg, params, ckpt = load_run(run_dir)
     dataset = load_scene(cfg, log)
+    # the training views as the run learned them (pose_opt: at their refined poses)
+    dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     frames = {"test": dataset.test, "train": dataset.train, "all": dataset.train + dataset.test}[
         split
     ]

@@ -252,7 +252,8 @@ def _step(
         for f in features:
             cams = f.cameras(cams, step)
         out = model.render(params, cams, cfg, sh_degree_at(cfg, step), step=step,
-                           absgrad=absgrad, distributed=distributed)
+                           absgrad=absgrad, distributed=distributed,
+                           expected_depth=any(f.needs_expected_depth for f in features))
         colors, info = out.colors, out.info
     if before_backward is not None:
         before_backward(info)

@@ -30,7 +30,7 @@ from .config import TrainConfig, config_from_dict
 from .determinism import apply_determinism
 from .device import device_frames, training_device
 from .early_stop import should_stop
-from .features import build_features, features_state, load_features_state
+from .features import build_features, features_state, load_features_state, trained_dataset
 from .history import TrainingLog
 from .init import initial_gaussians
 from .masks import squared_error as masked_error
@@ -272,7 +272,7 @@ class Trainer:
         params = self.full_params()
         if params is None:
             return float("nan")
-        frames = self.dataset.test or self.dataset.train
+        frames = self.dataset.test or trained_dataset(self.features, self.dataset).train
         return evaluate(params, frames, self.cfg, self.dataset.background)["psnr"]
 
     def _open_viewer(self) -> Any:

@@ -56,11 +56,14 @@ class Render:
         colors: [C, H, W, 3] (not clamped above 1).
         alphas: [C, H, W, 1].
         info: the rasterizer's meta (``means2d`` or ``gradient_2dgs``, ``radii``, ``width``, ...).
+        depths: [C, H, W, 1] the expected z-depth when the render was asked for it
+            (``expected_depth``), else None (or the kind's own depth render).
     """
 
     colors: Tensor
     alphas: Tensor
     info: dict[str, Any]
+    depths: Tensor | None = field(default=None, kw_only=True)
 
 
 class ModelKind:
@@ -82,10 +85,12 @@ class ModelKind:
 
     def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
                sh_degree: int, *, step: int | None = None, absgrad: bool = False,
-               distributed: bool = False) -> Render:
+               distributed: bool = False, expected_depth: bool = False) -> Render:
         """Render the model from the C cameras ``cams`` at ``sh_degree``: for training
         ``step`` (``absgrad`` on the screen-space means; ``distributed``: this rank's shard,
-        as ``rasterization(distributed=True)``), or with ``step = None`` for evaluation."""
+        as ``rasterization(distributed=True)``), or with ``step = None`` for evaluation;
+        ``expected_depth``: also the expected depth, in :attr:`Render.depths` (a feature's
+        loss reads it, ``Feature.needs_expected_depth``)."""
         raise NotImplementedError(f"{type(self).__name__}.render")
 
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:

@@ -24,9 +24,10 @@ class Gaussians(ModelKind):
 
     def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
                sh_degree: int, *, step: int | None = None, absgrad: bool = False,
-               distributed: bool = False) -> Render:
+               distributed: bool = False, expected_depth: bool = False) -> Render:
         """:func:`tilesplat.rasterization` of the activated parameters (the same for
-        training and evaluation); the colours are not clamped above 1."""
+        training and evaluation; ``RGB+ED`` with ``expected_depth``); the colours are not
+        clamped above 1."""
         colors, alphas, info = rasterization(
             **activated(params),
             **render_args(cams, cfg, sh_degree),
@@ -35,5 +36,8 @@ class Gaussians(ModelKind):
             backward_scheme=cfg.backward_scheme,
             distributed=distributed,
             camera_model=cams.camera_model,
+            render_mode="RGB+ED" if expected_depth else "RGB",
         )
+        if expected_depth:
+            return Render(colors[..., :3], alphas, info, depths=colors[..., 3:4])
         return Render(colors, alphas, info)

@@ -55,7 +55,8 @@ class SurfelRender(Render):
     """What one 2DGS render of C cameras gives, beyond :class:`.base.Render`.
 
     Attributes:
-        depths: [C, H, W, 1], accumulated (``RGB+D``) or expected (``RGB+ED``) z-depth.
+        depths: [C, H, W, 1], accumulated (``RGB+D``) or expected (``RGB+ED``) z-depth (the
+            base's field, always set here).
         normals: [C, H, W, 3] world-space rendered normals (alpha-weighted sums).
         normals_from_depth: [C, H, W, 3] world-space normals of the depth map (unit length
             inside, zero on the one-pixel border).
@@ -63,7 +64,6 @@ class SurfelRender(Render):
         median: [C, H, W, 1] median depth.
     """
 
-    depths: Tensor
     normals: Tensor
     normals_from_depth: Tensor
     distort: Tensor
@@ -168,16 +168,16 @@ class Surfels(ModelKind):
 
     def render(self, params: dict[str, Tensor], cams: Cameras, cfg: TrainConfig,
                sh_degree: int, *, step: int | None = None, absgrad: bool = False,
-               distributed: bool = False) -> SurfelRender:
+               distributed: bool = False, expected_depth: bool = False) -> SurfelRender:
         """:func:`render_surfels`: in ``RGB+D`` with the distortion from ``dist_start`` on for
-        training, in ``RGB+ED`` for evaluation (``step = None``). ``distributed`` is refused
-        by the config (:meth:`config_errors`)."""
+        training (``RGB+ED`` with ``expected_depth``), in ``RGB+ED`` for evaluation
+        (``step = None``). ``distributed`` is refused by the config (:meth:`config_errors`)."""
         if distributed:
             raise ValueError("model = '2dgs' does not render distributed (parallel = 'none')")
         evaluation = step is None
         distloss = not evaluation and distortion_active(cfg, step)
         return render_surfels(params, cams, cfg, sh_degree, absgrad=absgrad, distloss=distloss,
-                              expected_depth=evaluation)
+                              expected_depth=evaluation or expected_depth)
 
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:
         """The normal-consistency term from ``normal_start`` on and the mean distortion from
