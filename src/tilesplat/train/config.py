@@ -242,6 +242,38 @@ class TrainConfig:
         "optim",
     )
 
+    post_processing: str = _f(
+        "none",
+        "appearance compensation of the training images (exposure, white balance): none; "
+        "bilateral_grid (a grid of affine colour transforms per training image, sliced by "
+        "pixel position and luminance, as gsplat's); affine (one 3x3 matrix and offset per "
+        "training image); learned with the model, applied to its renders before the loss, "
+        "never to the test views (docs/training.md, Appearance compensation)",
+        "optim",
+        ("none", "bilateral_grid", "affine"),
+    )
+    bilateral_grid_shape: str = _f(
+        "16,16,8",
+        "bilateral_grid: cells across, down and in luminance, 'X,Y,W' (gsplat's 16,16,8)",
+        "optim",
+    )
+    bilateral_grid_lr: float = _f(
+        2e-3, "bilateral_grid: Adam learning rate of the grids, times sqrt(batch_size)", "optim"
+    )
+    bilateral_grid_tv: float = _f(
+        10.0, "bilateral_grid: weight of the grids' total-variation loss (gsplat's 10)", "optim"
+    )
+    affine_lr: float = _f(
+        2e-3, "affine: Adam learning rate of the colour transforms, times sqrt(batch_size)",
+        "optim",
+    )
+    post_processing_warmup: int = _f(
+        1000,
+        "post_processing: the transforms' learning rate rises linearly from 1% over this many "
+        "steps (gsplat's 1000), then decays exponentially to 1% by the last step",
+        "optim",
+    )
+
     normal_lambda: float = _f(
         5e-2, "2dgs: weight of the normal-consistency loss (gsplat's default; 0: off)", "optim"
     )
