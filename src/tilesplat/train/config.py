@@ -92,9 +92,11 @@ class TrainConfig:
         "built-in scene (with data empty): raycast (a textured object ray cast in NumPy, "
         "Blender layout) or garden (the bundled Mip-NeRF 360 garden Gaussians rendered along "
         "a path near its cameras, COLMAP layout with initial points; synthetic_train + "
-        "synthetic_test views of 324x210, split by test_every)",
+        "synthetic_test views of 324x210, split by test_every) or exposure (the raycast "
+        "scene on grey, each training photo with a gain of x0.6-1.5 and a +-0.05 offset per "
+        "channel, the test views without: data/exposure.py)",
         "data",
-        ("raycast", "garden"),
+        ("raycast", "garden", "exposure"),
     )
     synthetic_size: int = _f(200, "built-in scene: image width and height in pixels", "data")
     synthetic_train: int = _f(100, "built-in scene: number of training views", "data")
