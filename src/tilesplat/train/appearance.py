@@ -22,9 +22,11 @@ no photo in particular.
 The transforms run after the render in plain PyTorch, on the training device, with every
 backend. They are checkpointed with their Adam state, and ``appearance.json`` in the run
 folder gives each training image's transform (the grid's mean transform for
-``bilateral_grid``). A data-parallel job is refused: each rank would see the gradients of its
-own images only; a model-parallel one is refused as well (the render of a shard is not the
-image the transform applies to).
+``bilateral_grid``). In a data-parallel job (``parallel = "data"``) every rank holds all the
+transforms and renders its share of the step's images: the transforms' gradients are averaged
+over the ranks before their Adam step, as the Gaussians' are, so that the ranks stay equal and
+train as one process does. A model-parallel job is refused (each rank renders a shard of the
+Gaussians; the transforms apply to the whole render, not to a shard's part of it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ..devices import to_device
@@ -112,11 +115,11 @@ class ColourTransforms(Feature):
             errors.append(
                 f"post_processing_warmup must be >= 0, got {cfg.post_processing_warmup}"
             )
-        if cfg.parallel != "none":
+        if cfg.parallel not in ("none", "data"):
             errors.append(
                 f"post_processing = {cls.mode!r} does not run with parallel = "
-                f"{cfg.parallel!r} (the per-image transforms are not shared between ranks); "
-                "train it with parallel = 'none'"
+                f"{cfg.parallel!r} (a rank renders a shard of the Gaussians, the transforms "
+                "apply to the whole render); train it with parallel = 'none' or 'data'"
             )
         return errors
 
@@ -147,6 +150,7 @@ class ColourTransforms(Feature):
         self.values = self.initial(cfg, len(names), device).requires_grad_(True)
         self.base_lr = self.learning_rate(cfg) * math.sqrt(cfg.batch_size)
         self.warmup, self.steps = cfg.post_processing_warmup, cfg.steps
+        self.data_parallel = cfg.parallel == "data"
         self.opt = torch.optim.Adam([self.values], lr=self.base_lr, eps=ADAM_EPS)
 
     def views(self, batch: Cameras) -> Tensor:
@@ -157,6 +161,13 @@ class ColourTransforms(Feature):
         return views.to(self.values.device)
 
     def optimizer_step(self, step: int) -> None:
+        if self.data_parallel and dist.is_available() and dist.is_initialized():
+            # each rank saw its share of the images: the gradient of the whole step is the
+            # mean of the ranks' (each rank's loss is the mean over its share)
+            if self.values.grad is None:
+                self.values.grad = torch.zeros_like(self.values)
+            dist.all_reduce(self.values.grad)
+            self.values.grad /= dist.get_world_size()
         for group in self.opt.param_groups:
             group["lr"] = self.base_lr * lr_factor(step, self.warmup, self.steps)
         self.opt.step()
