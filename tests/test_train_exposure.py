@@ -61,7 +61,7 @@ def _train(scene, tmp_path, mode: str) -> dict:
     run_dir, metrics = train_run(cfg, log=lambda s: None)
     on_disk = json.loads((run_dir / "metrics.json").read_text())
     assert on_disk["cc_psnr"] == pytest.approx(metrics["cc_psnr"])
-    assert "cc PSNR" in summary(run_dir, metrics)
+    assert f"cc_psnr {metrics['cc_psnr']:.2f} dB" in summary(run_dir, metrics)
     for view in on_disk["views"]:
         assert view["cc_psnr"] >= view["psnr"]
     assert (run_dir / "appearance.json").is_file() == (mode != "none")

@@ -44,7 +44,7 @@ def summary(run_dir: object, metrics: dict) -> str:
     """The closing line of a run: test PSNR first, since it is what the README promises."""
     parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
     if "cc_psnr" in metrics:  # after a colour fit of each render to its image (evaluate.py)
-        parts.append(f"cc PSNR {metrics['cc_psnr']:.2f} dB  cc SSIM {metrics['cc_ssim']:.4f}")
+        parts.append(f"cc_psnr {metrics['cc_psnr']:.2f} dB  cc_ssim {metrics['cc_ssim']:.4f}")
     if "lpips" in metrics:
         parts.append(f"LPIPS {metrics['lpips']:.4f}")
     if "masked_psnr" in metrics:
