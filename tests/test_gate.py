@@ -62,6 +62,9 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     assert [r["ok"] for r in result["runs"]] == [True, True]
     assert [r["seed"] for r in result["runs"]] == [0, 0]  # one seed per repeat, both arms
     assert result["deltas"]["psnr_db"]["mean"] < -1.0
+    # the colour-corrected PSNR (post_processing's measure) is read and paired too
+    assert all(r["cc_psnr"] >= r["psnr"] for r in result["runs"])
+    assert result["deltas"]["cc_psnr_db"]["n"] == 1 and "cc PSNR dB" in text
     assert result["arms"]["cand"]["config"]["steps"] == 4
     assert result["runs"][0]["code"]["source"].endswith("src")
     # evaluated during training (40 / EVAL_POINTS = every 2 steps) for the time to PSNR

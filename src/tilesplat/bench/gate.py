@@ -37,8 +37,8 @@ from .gate_runs import Log, run_one
 
 SCHEMA = "tilesplat.gate/1"
 ARMS = ("base", "cand")
-METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "gaussians", "peak_rss_mib",
-           "time_to_psnr_s")
+METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "cc_psnr", "gaussians",
+           "peak_rss_mib", "time_to_psnr_s")
 # how many test evaluations a run makes when its config asks for none during training
 EVAL_POINTS = 20
 # the time to PSNR is to the base's mean final test PSNR minus this
@@ -133,6 +133,10 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
         "wall_pct": _paired_pct(pairs, "wall_s"),
         "train_time_pct": _paired_pct(pairs, "train_s"),
         "psnr_db": _stats([p["cand"]["psnr"] - p["base"]["psnr"] for p in pairs]),
+        # colour-corrected (what appearance compensation is judged by: post_processing)
+        "cc_psnr_db": _stats([p["cand"]["cc_psnr"] - p["base"]["cc_psnr"] for p in pairs
+                              if p["cand"].get("cc_psnr") is not None
+                              and p["base"].get("cc_psnr") is not None]),
         "time_to_psnr_ratio": _stats(
             [
                 p["cand"]["time_to_psnr_s"] / p["base"]["time_to_psnr_s"]
@@ -314,6 +318,12 @@ def format_gate(result: dict[str, Any]) -> str:
             else "-",
         ),
         ("test SSIM", _pm(arms["base"]["ssim"], ".4f"), _pm(arms["cand"]["ssim"], ".4f"), ""),
+        (
+            "cc PSNR dB",
+            _pm(arms["base"]["cc_psnr"], ".2f"),
+            _pm(arms["cand"]["cc_psnr"], ".2f"),
+            _pm(d["cc_psnr_db"], "+.2f") if d["cc_psnr_db"]["n"] else "-",
+        ),
         (
             "s to " + ("-" if result.get("target_psnr_db") is None
                        else f"{result['target_psnr_db']:.2f} dB"),

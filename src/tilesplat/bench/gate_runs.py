@@ -164,6 +164,9 @@ def read_metrics(path: Path) -> dict[str, float]:
     peak = data.get("peak_rss_mib")  # absent from runs of older versions, None on Windows
     out["peak_rss_mib"] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
         peak, bool) else None
+    cc = data.get("cc_psnr")  # the colour-corrected test PSNR; absent from older runs
+    out["cc_psnr"] = float(cc) if isinstance(cc, (int, float)) and not isinstance(
+        cc, bool) else None
     return out
 
 
@@ -229,6 +232,7 @@ def run_one(
         "steps_per_s": steps_per_s,
         "psnr": m["psnr"],
         "ssim": m["ssim"],
+        "cc_psnr": m["cc_psnr"],
         "gaussians": int(m["gaussians"]),
         "peak_rss_mib": m["peak_rss_mib"],
         # the test PSNR during training, then at the end (the metrics' own evaluation)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .blender import load_blender
 from .colmap import load_colmap
+from .exposure import MARKER as EXPOSURE_MARKER
+from .exposure import load_exposure
 from .frames import (
     Frame,
     SceneDataset,
@@ -51,6 +53,8 @@ class Layout:
 
 # in the order they are tried
 LAYOUTS = (
+    Layout("exposure", lambda p: (p / EXPOSURE_MARKER).is_file(),
+           "tilesplat_exposure.json (the built-in exposure scene)", load_exposure),
     Layout("blender", lambda p: (p / "transforms_train.json").is_file(),
            "transforms_train.json (Blender / NeRF-synthetic)", load_blender),
     Layout("nerfstudio", lambda p: (p / "transforms.json").is_file(),

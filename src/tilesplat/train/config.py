@@ -92,9 +92,11 @@ class TrainConfig:
         "built-in scene (with data empty): raycast (a textured object ray cast in NumPy, "
         "Blender layout) or garden (the bundled Mip-NeRF 360 garden Gaussians rendered along "
         "a path near its cameras, COLMAP layout with initial points; synthetic_train + "
-        "synthetic_test views of 324x210, split by test_every)",
+        "synthetic_test views of 324x210, split by test_every) or exposure (the raycast "
+        "scene on grey, each training photo with a gain of x0.6-1.5 and a +-0.05 offset per "
+        "channel, the test views without: data/exposure.py)",
         "data",
-        ("raycast", "garden"),
+        ("raycast", "garden", "exposure"),
     )
     synthetic_size: int = _f(200, "built-in scene: image width and height in pixels", "data")
     synthetic_train: int = _f(100, "built-in scene: number of training views", "data")
@@ -239,6 +241,38 @@ class TrainConfig:
         0.5,
         "resolution schedule: fraction of the steps it spans, cut into equal parts for the "
         "factors resolution_start, ..., 2, 1 (with 4: full size from 2/3 of it on)",
+        "optim",
+    )
+
+    post_processing: str = _f(
+        "none",
+        "appearance compensation of the training images (exposure, white balance): none; "
+        "bilateral_grid (a grid of affine colour transforms per training image, sliced by "
+        "pixel position and luminance, as gsplat's); affine (one 3x3 matrix and offset per "
+        "training image); learned with the model, applied to its renders before the loss, "
+        "never to the test views (docs/training.md, Appearance compensation)",
+        "optim",
+        ("none", "bilateral_grid", "affine"),
+    )
+    bilateral_grid_shape: str = _f(
+        "16,16,8",
+        "bilateral_grid: cells across, down and in luminance, 'X,Y,W' (gsplat's 16,16,8)",
+        "optim",
+    )
+    bilateral_grid_lr: float = _f(
+        2e-3, "bilateral_grid: Adam learning rate of the grids, times sqrt(batch_size)", "optim"
+    )
+    bilateral_grid_tv: float = _f(
+        10.0, "bilateral_grid: weight of the grids' total-variation loss (gsplat's 10)", "optim"
+    )
+    affine_lr: float = _f(
+        2e-3, "affine: Adam learning rate of the colour transforms, times sqrt(batch_size)",
+        "optim",
+    )
+    post_processing_warmup: int = _f(
+        1000,
+        "post_processing: the transforms' learning rate rises linearly from 1% over this many "
+        "steps (gsplat's 1000), then decays exponentially to 1% by the last step",
         "optim",
     )
 

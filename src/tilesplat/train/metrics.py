@@ -1,4 +1,5 @@
-"""Evaluation metrics: PSNR, SSIM and (when the ``lpips`` package is importable) LPIPS."""
+"""Evaluation metrics: PSNR, SSIM, (when the ``lpips`` package is importable) LPIPS, and the
+colour fit behind the colour-corrected ones (``cc_psnr``, ``cc_ssim``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,48 @@ def psnr(render: Tensor, target: Tensor) -> float:
 def ssim_metric(render: Tensor, target: Tensor) -> float:
     """Mean SSIM (11x11 Gaussian window, sigma 1.5, data range 1) as a float."""
     return float(ssim(render.double(), target.double()))
+
+
+CC_RIDGE = 1e-9  # per pixel: keeps the fit of a flat image near the identity
+
+
+def _quadratic_features(rgb: Tensor) -> Tensor:
+    """[M, 3] -> [M, 10]: the products r², rg, rb, g², gb, b², then r, g, b and 1."""
+    i, j = torch.triu_indices(3, 3)
+    return torch.cat([rgb[:, i] * rgb[:, j], rgb, torch.ones_like(rgb[:, :1])], dim=1)
+
+
+@torch.no_grad()
+def color_correct(render: Tensor, target: Tensor) -> Tensor:
+    """``render`` [H, W, 3] mapped onto ``target``'s colours: each output channel a quadratic
+    polynomial of the render's three channels, fitted by least squares (float64) over every
+    pixel, then clamped to [0, 1] (the render itself where that does not lower the error).
+
+    The identity is one of the polynomials and clamping to [0, 1] moves no value away from a
+    target in [0, 1], so the corrected squared error is never above the plain one, and an
+    image that already matches comes back as it is. As gsplat's ``cc_psnr`` (Mip-NeRF 360's
+    quadratic colour fit; theirs leaves out the clipped pixels, which here would leave a
+    white background unconstrained), it scores the shapes and shading of a model whose
+    colours are those of no photo in particular (``post_processing``), and of a model that is
+    not compensated, on one scale.
+    """
+    if render.shape != target.shape or render.shape[-1] != 3:
+        raise ValueError(
+            f"color_correct: needs two [H, W, 3] images, got {tuple(render.shape)} and "
+            f"{tuple(target.shape)}"
+        )
+    x = render.reshape(-1, 3).double()
+    y = target.reshape(-1, 3).double()
+    a = _quadratic_features(x)  # [M, 10]
+    identity = torch.zeros(10, 3, dtype=a.dtype, device=a.device)
+    identity[6:9] = torch.eye(3, dtype=a.dtype, device=a.device)
+    gram = a.T @ a + CC_RIDGE * len(a) * torch.eye(10, dtype=a.dtype, device=a.device)
+    # solved for the change from the identity, so that the ridge pulls towards it
+    weights = identity + torch.linalg.solve(gram, a.T @ (y - x))
+    fitted = (a @ weights).clamp(0.0, 1.0)
+    if float(((fitted - y) ** 2).sum()) >= float(((x - y) ** 2).sum()):
+        return render
+    return fitted.reshape(render.shape).to(render.dtype)
 
 
 def make_lpips(net: str = "alex") -> Callable[[Tensor, Tensor], float] | None:

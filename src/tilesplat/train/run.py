@@ -5,11 +5,13 @@ Layout of ``runs/<name>/``::
     config.toml           the full config (tilesplat train --config accepts it)
     checkpoints/          step_NNNNNNN.pt, the newest ``keep_checkpoints``
     history.json          loss, PSNR, Gaussian count and seconds per logged step
-    metrics.json          test PSNR / SSIM (/ LPIPS), per view, Gaussian count, train time
+    metrics.json          test PSNR / SSIM (/ LPIPS), colour-corrected PSNR / SSIM, per view,
+                          Gaussian count, train time
     renders/test/*.png    the test views rendered by the model (model = "2dgs": also
                           normal/, normal_from_depth/ and depth/ PNGs of the same views)
     curve.png             loss, PSNR and Gaussian count against the step
     point_cloud.ply       the model in the original 3DGS PLY layout
+    appearance.json       post_processing on: each training image's learned colour transform
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ Log = Callable[[str], None]
 def summary(run_dir: object, metrics: dict) -> str:
     """The closing line of a run: test PSNR first, since it is what the README promises."""
     parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
+    if "cc_psnr" in metrics:  # after a colour fit of each render to its image (evaluate.py)
+        parts.append(f"cc_psnr {metrics['cc_psnr']:.2f} dB  cc_ssim {metrics['cc_ssim']:.4f}")
     if "lpips" in metrics:
         parts.append(f"LPIPS {metrics['lpips']:.4f}")
     if "masked_psnr" in metrics:
@@ -74,15 +78,18 @@ def resolve_data(cfg: TrainConfig, log: Log = print) -> Path:
         if not (folder / MARKER).is_file():
             log(f"writing the built-in garden scene to {folder} (once)")
         return write_garden_views_dataset(folder, n_views=views)
-    from ..data.synthetic import write_synthetic_dataset
+    from ..data import exposure, synthetic
 
+    # the exposure scene: the ray-cast views with a gain and offset on each training photo
+    module = exposure if cfg.synthetic_scene == "exposure" else synthetic
     folder = cache_root(cfg) / (
-        f"synthetic-{cfg.synthetic_size}px-{cfg.synthetic_train}-{cfg.synthetic_test}"
+        f"{scene_name(cfg)}-{cfg.synthetic_size}px-{cfg.synthetic_train}-{cfg.synthetic_test}"
     )
-    marker = folder / "tilesplat_synthetic.json"
-    if not marker.is_file():
-        log(f"writing the built-in scene to {folder} (once)")
-    return write_synthetic_dataset(
+    if not (folder / module.MARKER).is_file():
+        log(f"writing the built-in {cfg.synthetic_scene} scene to {folder} (once)")
+    write = exposure.write_exposure_dataset if module is exposure else (
+        synthetic.write_synthetic_dataset)
+    return write(
         folder,
         n_train=cfg.synthetic_train,
         n_test=cfg.synthetic_test,
@@ -104,10 +111,12 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
 
 
 def scene_name(cfg: TrainConfig) -> str:
-    """``synthetic`` (``garden-views``) for the built-in scenes, else the dataset folder's name."""
+    """``synthetic`` (``garden-views``, ``synthetic-exposure``) for the built-in scenes, else
+    the dataset folder's name."""
     if cfg.data:
         return Path(cfg.data).expanduser().resolve().name
-    return "garden-views" if cfg.synthetic_scene == "garden" else "synthetic"
+    return {"garden": "garden-views", "exposure": "synthetic-exposure"}.get(
+        cfg.synthetic_scene, "synthetic")
 
 
 def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:

@@ -1,0 +1,78 @@
+"""The exposure scene (data/exposure.py) and what appearance compensation buys on it: trained
+on photos of x0.6-1.5 gain and +-0.05 offsets, with ``post_processing`` the colour-corrected
+test PSNR is at least 1.5 dB (bilateral_grid) or 1 dB (affine) above that of no compensation
+(the issue's margins; measured +2.6 to +2.8 dB with these settings, docs/training.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tilesplat.data.dataset import detect_layout, load_dataset
+from tilesplat.data.exposure import BACKGROUND, MARKER, write_exposure_dataset
+from tilesplat.train.config import TrainConfig
+from tilesplat.train.run import summary, train_run
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BILATERAL_MARGIN_DB = 1.5
+AFFINE_MARGIN_DB = 1.0
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    return write_exposure_dataset(tmp_path_factory.mktemp("exposure"), n_train=24, n_test=4,
+                                  size=64)
+
+
+def test_the_training_photos_are_exposed_and_the_test_views_are_not(scene):
+    assert detect_layout(scene) == "exposure"
+    ds = load_dataset(scene, white_background=True)  # the scene is on grey whatever it says
+    assert ds.background == BACKGROUND
+    marker = json.loads((scene / MARKER).read_text())
+    gains, offsets = np.array(marker["gains"]), np.array(marker["offsets"])
+    assert gains.min() >= 0.6 and gains.max() <= 1.5 and gains.max() / gains.min() > 1.8
+    assert np.abs(offsets).max() <= 0.05
+    for frame in ds.train:  # the corner is background: the grey, exposed
+        i = int(frame.name.split("_")[-1])
+        want = np.clip(0.5 * gains[i] + offsets[i], 0, 1)
+        np.testing.assert_allclose(frame.image[0, 0].numpy(), want, atol=1 / 255)
+        assert frame.alpha is None
+    for frame in ds.test:
+        assert torch.allclose(frame.image[0, 0], torch.tensor(BACKGROUND), atol=1 / 255)
+    assert write_exposure_dataset(scene, n_train=24, n_test=4, size=64) == scene  # reused
+
+
+def _train(scene, tmp_path, mode: str) -> dict:
+    cfg = TrainConfig(
+        data=str(scene), run_dir=str(tmp_path / mode), steps=600, init_points=2000,
+        sh_degree=1, sh_degree_interval=100, refine_start=100, refine_every=50,
+        refine_stop=300, reset_every=100_000, checkpoint_every=0, log_every=100,
+        progress=False, lpips=False, save_renders=False, save_ply=False, backend="cpu",
+        post_processing=mode,
+        # a 64-pixel image: a cell per 16 pixels; 600 steps, not 30000: a higher rate and a
+        # shorter warm-up than gsplat's
+        bilateral_grid_shape="4,4,4", bilateral_grid_lr=1e-2, affine_lr=1e-2,
+        post_processing_warmup=100,
+    )
+    run_dir, metrics = train_run(cfg, log=lambda s: None)
+    on_disk = json.loads((run_dir / "metrics.json").read_text())
+    assert on_disk["cc_psnr"] == pytest.approx(metrics["cc_psnr"])
+    assert f"cc_psnr {metrics['cc_psnr']:.2f} dB" in summary(run_dir, metrics)
+    for view in on_disk["views"]:
+        assert view["cc_psnr"] >= view["psnr"]
+    assert (run_dir / "appearance.json").is_file() == (mode != "none")
+    return metrics
+
+
+def test_compensation_raises_the_colour_corrected_test_psnr(scene, tmp_path):
+    plain = _train(scene, tmp_path, "none")
+    grid = _train(scene, tmp_path, "bilateral_grid")
+    affine = _train(scene, tmp_path, "affine")
+    numbers = {k: (m["psnr"], m["cc_psnr"]) for k, m in
+               (("none", plain), ("bilateral_grid", grid), ("affine", affine))}
+    assert grid["cc_psnr"] >= plain["cc_psnr"] + BILATERAL_MARGIN_DB, numbers
+    assert affine["cc_psnr"] >= plain["cc_psnr"] + AFFINE_MARGIN_DB, numbers
