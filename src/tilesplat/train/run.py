@@ -10,6 +10,7 @@ Layout of ``runs/<name>/``::
                           normal/, normal_from_depth/ and depth/ PNGs of the same views)
     curve.png             loss, PSNR and Gaussian count against the step
     point_cloud.ply       the model in the original 3DGS PLY layout
+    tensorboard/          TensorBoard's events, with tensorboard = true (train/tensorboard.py)
 """
 
 from __future__ import annotations
