@@ -8,8 +8,15 @@ The variants a config chooses (model kind, strategy, parallel mode) sit behind s
 """
 
 # register the variants behind the seams and the features' config checks
-from . import determinism, early_stop, features, models, parallel, resolution  # noqa: F401
-from . import tensorboard  # noqa: F401  (the check of tensorboard = true)
+from . import (  # noqa: F401
+    determinism,
+    early_stop,
+    features,
+    models,
+    parallel,
+    resolution,
+    tensorboard,
+)
 from .config import TrainConfig, apply_overrides, config_to_toml, load_config
 from .run import evaluate_run, export_ply, load_run, render_run, resume_run, train_run
 from .trainer import Trainer
