@@ -14,7 +14,9 @@ $(STAMP): pyproject.toml
 	# [cuda] brings numba-cuda and its NVVM: CI compiles every GPU kernel to PTX and runs
 	# them in the simulator (no GPU needed). [viewer] brings viser for the browser tests.
 	# [sfm] brings pycolmap: the structure-from-motion tests run in CI, none is skipped.
-	$(BIN)/pip install --quiet -e ".[dev,cuda,viewer,sfm]"
+	# [tensorboard] brings tensorboard: its events are read back by the tests; [video] the
+	# mp4 encoder of the flythrough (imageio-ffmpeg, which [sfm] brings too).
+	$(BIN)/pip install --quiet -e ".[dev,cuda,viewer,sfm,tensorboard,video]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -69,3 +69,25 @@ def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = True) -> Pat
     with atomic_writer(path, fsync=fsync) as f:
         f.write(data)
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, fsync: bool = True) -> Iterator[Path]:
+    """A temporary path in ``path``'s folder, ending in ``path``'s suffix (for a writer that
+    takes a file name and picks the format by its suffix, such as ffmpeg), which replaces
+    ``path`` when the block ends normally; removed on any error, ``path`` left as it was.
+    The folder must exist."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
+                               dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, default_file_mode())
+        if fsync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     parallel,
     pose_opt,
     resolution,
+    tensorboard,
 )
 from .config import TrainConfig, apply_overrides, config_to_toml, load_config
 from .run import evaluate_run, export_ply, load_run, render_run, resume_run, train_run

@@ -151,6 +151,13 @@ class TrainConfig:
         '(pip install "tilesplat[viewer]"; docs/viewer.md); 0: off',
         "run",
     )
+    tensorboard: bool = _f(
+        False,
+        "write TensorBoard events to RUN/tensorboard (loss, PSNR, Gaussian count, learning "
+        "rates, steps/s; the test PSNR and a few test renders every eval_every steps) for "
+        'tensorboard --logdir runs/ (pip install "tilesplat[tensorboard]"; docs/training.md)',
+        "run",
+    )
 
     recipe: str = _f(
         "3dgs",

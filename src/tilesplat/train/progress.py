@@ -26,12 +26,15 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    """Shows ``step/total`` with named numbers; call :meth:`update` after every step."""
+    """Shows ``step/total`` with named numbers; call :meth:`update` after every step
+    (``unit``: what is counted, ``steps`` or e.g. ``frames``)."""
 
     def __init__(
-        self, total: int, initial: int = 0, enabled: bool = True, stream: TextIO | None = None
+        self, total: int, initial: int = 0, enabled: bool = True, stream: TextIO | None = None,
+        unit: str = "steps",
     ) -> None:
         self.total = total
+        self.unit = unit
         self.start_step = initial
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
@@ -59,7 +62,7 @@ class Progress:
         self.last_draw = now
         rate = done / max(now - self.t0, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else 0.0
-        parts = [f"{step}/{self.total}", f"{rate:.2f} steps/s"]
+        parts = [f"{step}/{self.total}", f"{rate:.2f} {self.unit}/s"]
         for key, value in values.items():
             v = value() if callable(value) else value
             v = float(v) if isinstance(v, Tensor) else v

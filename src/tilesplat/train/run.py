@@ -12,6 +12,7 @@ Layout of ``runs/<name>/``::
     curve.png             loss, PSNR and Gaussian count against the step
     point_cloud.ply       the model in the original 3DGS PLY layout
     appearance.json       post_processing on: each training image's learned colour transform
+    tensorboard/          TensorBoard's events, with tensorboard = true (train/tensorboard.py)
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from .resolution import CoarseFrames, downscale_factor
 from .splats import make_optimizers, make_params
 from .step import CameraOrder, make_batch, optimization_step, restore_model
 from .stop import StopRequest
+from .tensorboard import NO_BOARD, open_board
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
 
@@ -109,6 +110,7 @@ class Trainer:
         self.parallel = parallel_mode(cfg)
         self.strategy = self.parallel.attach(cfg, self.params, self.optimizers,
                                              self.strategy_state, self.strategy)
+        self.board = NO_BOARD  # TensorBoard's events while train() runs (tensorboard.py)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -273,6 +275,7 @@ class Trainer:
         if params is None:
             return float("nan")
         frames = self.dataset.test or trained_dataset(self.features, self.dataset).train
+        self.board.add_renders(self.step, params, frames, self.cfg, self.dataset.background)
         return evaluate(params, frames, self.cfg, self.dataset.background)["psnr"]
 
     def _open_viewer(self) -> Any:
@@ -293,6 +296,7 @@ class Trainer:
         done = self.step >= cfg.steps or should_stop(cfg, self.history["test_psnr"])
         with StopRequest() as stop:
             try:
+                self.board = open_board(cfg, self.run_dir, self.step, self.history, self.writes)
                 while not done:
                     t0 = time.perf_counter()
                     loss, mse = self.train_step(self.step)
@@ -314,6 +318,7 @@ class Trainer:
                                 f"{cfg.early_stop_patience} evaluations"
                             )
                             break  # the checkpoint below the loop holds this step
+                    self.board.record(self.history, self.optimizers)
                     # every rank stops at the same step, so that a checkpoint is whole
                     if self.parallel.any_rank(stop.requested):
                         progress.close()
@@ -337,6 +342,9 @@ class Trainer:
                 progress.close()
                 if viewer is not None:
                     viewer.close()
+                self.board.record(self.history, self.optimizers)  # an early stop's last test
+                self.board.close()
+                self.board = NO_BOARD
         self.save_checkpoint()
 
 
