@@ -31,6 +31,7 @@ from tilesplat.backends.cuda import (  # noqa: E402
     projection,
     rasterize_bwd,
     rasterize_fwd,
+    segment,
     sh,
 )
 
@@ -69,7 +70,8 @@ def test_catalogue_lists_every_kernel():
     """Each kernel body builder of the package appears in kernels.KERNELS."""
     builders = {
         obj
-        for module in (covariance, intersect, projection, rasterize_bwd, rasterize_fwd, sh)
+        for module in (covariance, intersect, projection, rasterize_bwd, rasterize_fwd, segment,
+                       sh)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__
@@ -82,6 +84,6 @@ def test_catalogue_lists_every_kernel():
 
 def _probe_args(builder):
     """Arguments that build a kernel body: the float type, then tile size, channels, batch."""
-    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0}
+    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False}
     params = list(inspect.signature(builder).parameters)
     return [np.float32] + [extra[p] for p in params[1:]]

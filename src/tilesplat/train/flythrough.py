@@ -27,6 +27,7 @@ from ..data.trajectory import camera_path, check_path_request
 from ..io.atomic import atomic_path
 from ..io.images import to_uint8, write_png
 from .device import training_device
+from .features import checkpoint_features, trained_dataset
 from .models import Cameras, model_kind
 from .progress import Progress
 
@@ -121,8 +122,10 @@ def render_flythrough(
     from .run import load_run, load_scene
 
     check_request(path, frames, mp4, png_dir, fps, batch)
-    cfg, params, _ = load_run(run_dir)
-    dataset = load_scene(cfg, log)
+    cfg, params, ckpt = load_run(run_dir)
+    # the training cameras as the run learned them (pose_opt: their refined poses)
+    scene = load_scene(cfg, log)
+    dataset = trained_dataset(checkpoint_features(cfg, scene, ckpt), scene)
     if not dataset.train:
         raise ValueError(f"{run_dir}: the run's dataset has no training views to fly around")
     first = dataset.train[0]

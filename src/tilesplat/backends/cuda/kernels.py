@@ -18,6 +18,7 @@ from .intersect import isect_offset_encode_kernel, make_isect_count, make_isect_
 from .projection import make_projection_bwd, make_projection_fwd
 from .rasterize_bwd import make_bwd_per_pixel, make_bwd_per_splat
 from .rasterize_fwd import make_rasterize_fwd
+from .segment import make_segment_sum
 from .sh import make_sh_bwd, make_sh_fwd
 
 TILE = 16  # the tile size the PTX checks compile for (the kernels take any)
@@ -137,6 +138,10 @@ def _sh_bwd_args(F):
             _arr(F, 2))  # fmt: skip
 
 
+def _segment_args(F):
+    return (_arr(F, 2), _arr(nt.int64, 1), _arr(F, 2))
+
+
 KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS), _fwd_args),
     KernelSpec("rasterize_fwd_keep_sum",
@@ -147,12 +152,19 @@ KERNELS: tuple[KernelSpec, ...] = (
                lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 32), _per_splat_args),
     KernelSpec("rasterize_bwd_per_splat_256",
                lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 256), _per_splat_args),
+    # the deterministic option's variants (a row per intersection and warp) and their sum
+    KernelSpec("rasterize_bwd_per_pixel_det",
+               lambda ft: make_bwd_per_pixel(ft, TILE, CHANNELS, True), _per_pixel_args),
+    KernelSpec("rasterize_bwd_per_splat_32_det",
+               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 32, True), _per_splat_args),
+    KernelSpec("segment_sum", make_segment_sum, _segment_args),
     KernelSpec("isect_count", make_isect_count, _count_args),
     KernelSpec("isect_fill", make_isect_fill, _fill_args),
     KernelSpec("isect_offset_encode", lambda ft: isect_offset_encode_kernel, _offset_args,
                (np.float32,)),
     KernelSpec("projection_fwd", make_projection_fwd, _proj_fwd_args),
     KernelSpec("projection_bwd", make_projection_bwd, _proj_bwd_args),
+    KernelSpec("projection_bwd_det", lambda ft: make_projection_bwd(ft, True), _proj_bwd_args),
     KernelSpec("covar_fwd", make_covar_fwd, _covar_fwd_args),
     KernelSpec("covar_bwd", make_covar_bwd, _covar_bwd_args),
     KernelSpec("sh_fwd", make_sh_fwd, _sh_fwd_args),
