@@ -240,3 +240,26 @@ def test_data_parallel_training_refines_as_one_process(tmp_path):
 
     folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=16)
     _spawn(_data_parallel, str(folder))
+
+
+def test_test_time_alignment_scores_a_mis_posed_test_view_at_its_fitted_pose(room, tmp_path):
+    """test_pose_align_steps: the test views at 0.5-1 deg / 1 % wrong poses score lower than
+    at their true poses; aligned (the model fixed), they score close to the true poses
+    again. The default scores the given poses. The Gaussians do not move."""
+    trainer, _ = _train(room, tmp_path / "plain")
+    params = trainer.full_params()
+    before = {k: v.detach().clone() for k, v in params.items()}
+    cfg = trainer.cfg
+    wrong = perturb_poses(room.test, distance=ROOM_DISTANCE, seed=3)
+    true_psnr = evaluate(params, room.test, cfg, room.background)["psnr"]
+    given = evaluate(params, wrong, cfg, room.background)["psnr"]
+    aligned_cfg = dataclasses.replace(cfg, test_pose_align_steps=60, test_pose_align_lr=2e-3)
+    aligned = evaluate(params, wrong, aligned_cfg, room.background)["psnr"]
+    print(f"test views: {true_psnr:.2f} dB at the true poses, {given:.2f} at wrong ones, "
+          f"{aligned:.2f} aligned")
+    assert given < true_psnr - 1.0, (true_psnr, given)  # the wrong poses cost something
+    assert aligned > given + 0.5 * (true_psnr - given), (true_psnr, given, aligned)
+    for k, v in params.items():
+        assert torch.equal(v, before[k]) and v.grad is None, k
+    with pytest.raises(ValueError, match="test_pose_align_steps must be >= 0"):
+        TrainConfig(test_pose_align_steps=-1).validate()

@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     features,
     models,
     parallel,
+    pose_align,
     pose_opt,
     resolution,
     tensorboard,

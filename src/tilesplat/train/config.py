@@ -312,6 +312,15 @@ class TrainConfig:
     pose_opt_reg: float = _f(
         1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's default", "optim"
     )
+    test_pose_align_steps: int = _f(
+        0,
+        "test-time pose alignment: Adam steps that fit each evaluated view's pose to its image "
+        "with the model fixed before it is scored (train/pose_align.py); 0: the given poses",
+        "optim",
+    )
+    test_pose_align_lr: float = _f(
+        1e-3, "test-time pose alignment: Adam learning rate of each view's correction", "optim"
+    )
 
     # --- depth prior (train/depth_loss.py) ---
     depth_loss: bool = _f(

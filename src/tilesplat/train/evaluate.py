@@ -25,6 +25,7 @@ from .device import training_device
 from .masks import masks_to, view_metrics
 from .metrics import color_correct, psnr, ssim_metric
 from .models import Cameras, Render, model_kind
+from .pose_align import aligned_frame
 
 METRICS = ("psnr", "ssim", "cc_psnr", "cc_ssim", "masked_psnr", "masked_ssim", "lpips")
 
@@ -103,7 +104,14 @@ def evaluate(
     used: set[str] = set()
     views = []
     render_time = 0.0
+    frozen = {k: v.detach() for k, v in params.items()}  # alignment moves no Gaussian
     for i, frame in enumerate(frames):
+        if cfg.test_pose_align_steps > 0:  # test-time pose alignment (train/pose_align.py)
+            with torch.enable_grad():
+                frame = aligned_frame(
+                    frame, lambda f: render_view(frozen, f, cfg, background),
+                    cfg.test_pose_align_steps, cfg.test_pose_align_lr,
+                )
         t0 = time.perf_counter()
         rendered = render_view(params, frame, cfg, background)
         image = rendered.colors[0].clamp(0.0, 1.0)

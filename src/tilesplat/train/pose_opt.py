@@ -20,7 +20,8 @@ What it writes: ``poses.json`` in the run folder (:func:`write_poses`), the refi
 given world-to-camera matrix of every training image, by name. ``tilesplat render`` and
 ``tilesplat eval`` of the training views use the refined poses of the run's checkpoint
 (:meth:`PoseRefinement.trained_views`); test views keep their given poses, as gsplat's
-evaluation does (no test-time alignment is built).
+evaluation does, unless test-time alignment is asked for (``test_pose_align_steps``,
+:mod:`.pose_align`).
 """
 
 from __future__ import annotations
