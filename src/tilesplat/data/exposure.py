@@ -34,7 +34,13 @@ from ..io.atomic import atomic_write_bytes
 from ..io.images import write_png
 from .blender import load_blender
 from .frames import Frame, SceneDataset
-from .synthetic import CAMERA_ANGLE_X, camera_positions, look_at_c2w, render_view
+from .synthetic import (
+    CAMERA_ANGLE_X,
+    camera_positions,
+    check_scene_size,
+    look_at_c2w,
+    render_view,
+)
 
 FORMAT_VERSION = 1
 MARKER = "tilesplat_exposure.json"
@@ -82,10 +88,7 @@ def write_exposure_dataset(
     Returns:
         ``out_dir`` as a Path.
     """
-    if n_train < 1 or n_test < 0 or size < 8:
-        raise ValueError(
-            f"need n_train >= 1, n_test >= 0, size >= 8; got {n_train}, {n_test}, {size}"
-        )
+    check_scene_size(n_train, n_test, size)
     out = Path(out_dir)
     params = {"version": FORMAT_VERSION, "n_train": n_train, "n_test": n_test, "size": size,
               "seed": seed}

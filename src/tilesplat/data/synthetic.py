@@ -297,6 +297,19 @@ def _write_json_atomic(path: Path, obj: object) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode("utf-8"), fsync=False)
 
 
+def check_scene_size(n_train: int, n_test: int, size: int) -> None:
+    """The view counts and image size a ray-cast scene can be written with (the built-in
+    scene and its variants, ``data/exposure.py``).
+
+    Raises:
+        ValueError: naming the three and what came.
+    """
+    if n_train < 1 or n_test < 0 or size < 8:
+        raise ValueError(
+            f"need n_train >= 1, n_test >= 0, size >= 8; got {n_train}, {n_test}, {size}"
+        )
+
+
 def _is_complete(out: Path, params: dict) -> bool:
     try:
         marker = json.loads((out / MARKER).read_text())
@@ -324,10 +337,7 @@ def write_synthetic_dataset(
     Returns:
         ``out_dir`` as a Path.
     """
-    if n_train < 1 or n_test < 0 or size < 8:
-        raise ValueError(
-            f"need n_train >= 1, n_test >= 0, size >= 8; got {n_train}, {n_test}, {size}"
-        )
+    check_scene_size(n_train, n_test, size)
     out = Path(out_dir)
     params = {
         "version": FORMAT_VERSION,

@@ -50,7 +50,7 @@ from .bilateral_grid import (
     identity_grids,
     total_variation,
 )
-from .features import Feature, register_feature
+from .features import Feature, register_feature, restore_learned
 
 if TYPE_CHECKING:
     from ..data.dataset import SceneDataset
@@ -187,19 +187,8 @@ class ColourTransforms(Feature):
                 f"the checkpoint's appearance state is of post_processing = "
                 f"{state.get('mode')!r}, the config has {self.mode!r}"
             )
-        if not isinstance(values, Tensor) or values.shape != self.values.shape:
-            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-            raise ValueError(
-                f"the checkpoint's {self.mode} transforms are {got}, the run needs "
-                f"{tuple(self.values.shape)} (one per training image)"
-            )
-        with torch.no_grad():
-            self.values.copy_(values)
-        try:
-            self.opt.load_state_dict(state["adam"])
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"the checkpoint's {self.mode} Adam state does not load: {exc}"
-                             ) from None
+        restore_learned(f"post_processing = {self.mode!r}: the transforms", self.values, values,
+                        self.opt, state.get("adam"))
 
     def affines(self) -> Tensor:
         """[N, 3, 4] each image's transform (its mean over the grid for a bilateral grid)."""

@@ -108,6 +108,30 @@ class Feature:
         return dataset
 
 
+def restore_learned(
+    what: str, target: Tensor, value: object, optimizer: torch.optim.Optimizer, adam: object
+) -> None:
+    """Load a feature's learned tensor and its Adam state from a checkpoint: ``value`` must
+    be a finite tensor of ``target``'s shape (copied into it), ``adam`` the optimiser's state
+    dict.
+
+    Raises:
+        ValueError: naming ``what`` (e.g. "pose_opt: the corrections") and what came.
+    """
+    if not isinstance(value, Tensor) or value.shape != target.shape:
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"{what} in the checkpoint are {got}, the run needs "
+                         f"{tuple(target.shape)} (one per training image)")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{what} in the checkpoint are not finite")
+    with torch.no_grad():
+        target.copy_(value)
+    try:
+        optimizer.load_state_dict(adam)  # type: ignore[arg-type]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"{what}: the checkpoint's Adam state does not load: {exc}") from None
+
+
 _FEATURES: list[type[Feature]] = []
 
 

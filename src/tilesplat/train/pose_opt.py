@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..io.atomic import atomic_write_bytes
-from .features import Feature, register_feature
+from .features import Feature, register_feature, restore_learned
 
 if TYPE_CHECKING:
     from ..data.dataset import SceneDataset
@@ -190,22 +190,8 @@ class PoseRefinement(Feature):
                 "adam": {"state": state, "param_groups": adam["param_groups"]}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        deltas = state.get("deltas")
-        if not isinstance(deltas, Tensor) or deltas.shape != self.deltas.shape:
-            got = tuple(deltas.shape) if isinstance(deltas, Tensor) else type(deltas).__name__
-            raise ValueError(
-                f"pose_opt: the checkpoint's corrections are {got}, the run has "
-                f"{tuple(self.deltas.shape)} ({len(self.names)} training images)"
-            )
-        if not torch.isfinite(deltas).all():
-            raise ValueError("pose_opt: the checkpoint's corrections are not finite")
-        with torch.no_grad():
-            self.deltas.copy_(deltas)
-        try:
-            self.optimizer.load_state_dict(state["adam"])
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"pose_opt: the checkpoint's Adam state does not load: {exc}"
-                             ) from None
+        restore_learned("pose_opt: the corrections", self.deltas, state.get("deltas"),
+                        self.optimizer, state.get("adam"))
 
     def write(self, run_dir: Path) -> None:
         """``run_dir/poses.json`` (:func:`write_poses`)."""
