@@ -145,11 +145,6 @@ def register_feature(cls: F) -> F:
     return cls
 
 
-def feature_classes() -> tuple[type[Feature], ...]:
-    """Every registered feature, in registration order."""
-    return tuple(_FEATURES)
-
-
 def build_features(
     cfg: TrainConfig, dataset: SceneDataset, device: torch.device
 ) -> list[Feature]:

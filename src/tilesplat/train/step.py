@@ -233,60 +233,48 @@ def optimization_step(
     checks = (contextlib.nullcontext() if finite is None
               else deferred_finite_checks(finite))
     with checks:
-        return _step(params, optimizers, batch, cfg, step, scene_scale, model, absgrad,
-                     before_backward, after_backward, clock, distributed, loss_share,
-                     features, finite)
-
-
-def _step(
-    params: Params, optimizers: Optimizers, batch: Batch, cfg: TrainConfig, step: int,
-    scene_scale: float, model: ModelKind | None, absgrad: bool,
-    before_backward: InfoHook | None, after_backward: InfoHook | None,
-    clock: StageClock | None, distributed: bool, loss_share: tuple[float, int] | None,
-    features: Sequence[Feature], finite: FiniteFlag | None,
-) -> StepResult:
-    clock = clock if clock is not None else _NoClock()
-    model = model if model is not None else model_kind(cfg)
-    with clock.stage("render"):
-        cams = batch
-        for f in features:
-            cams = f.cameras(cams, step)
-        out = model.render(params, cams, cfg, sh_degree_at(cfg, step), step=step,
-                           absgrad=absgrad, distributed=distributed,
-                           expected_depth=any(f.needs_expected_depth for f in features))
-        colors, info = out.colors, out.info
-    if before_backward is not None:
-        before_backward(info)
-    with clock.stage("loss"):
-        seen = colors
-        for f in features:
-            seen = f.colors(seen, cams, step)
-        loss = training_loss(params, seen, batch.target, cfg, loss_share, batch.masks)
-        extra = model.regularisation(out, cfg, step)
-        if extra is not None:
-            loss = loss + extra
-        for f in features:
-            term = f.loss(out, cams, step)
-            if term is not None:
-                loss = loss + term
-    with clock.stage("backward"):
-        loss.backward()
-    if after_backward is not None:
-        after_backward(info)
-    info = exclude_masked(info, batch.masks, model.gradient_key)  # hidden pixels: not seen
-    with clock.stage("adam"):
-        means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
-        found_inf = None if finite is None else finite.found_inf(params["means"].device)
-        for opt in optimizers.values():
-            if found_inf is not None:
-                opt.found_inf = found_inf  # fused Adam skips the step on the device
-            opt.step()
-            if found_inf is not None:
-                del opt.found_inf
-            opt.zero_grad(set_to_none=True)
-        for f in features:
-            f.optimizer_step(step)
-    return StepResult(loss.detach(), seen.detach(), info, means_lr)
+        clock = clock if clock is not None else _NoClock()
+        model = model if model is not None else model_kind(cfg)
+        with clock.stage("render"):
+            cams = batch
+            for f in features:
+                cams = f.cameras(cams, step)
+            out = model.render(params, cams, cfg, sh_degree_at(cfg, step), step=step,
+                               absgrad=absgrad, distributed=distributed,
+                               expected_depth=any(f.needs_expected_depth for f in features))
+            colors, info = out.colors, out.info
+        if before_backward is not None:
+            before_backward(info)
+        with clock.stage("loss"):
+            seen = colors
+            for f in features:
+                seen = f.colors(seen, cams, step)
+            loss = training_loss(params, seen, batch.target, cfg, loss_share, batch.masks)
+            extra = model.regularisation(out, cfg, step)
+            if extra is not None:
+                loss = loss + extra
+            for f in features:
+                term = f.loss(out, cams, step)
+                if term is not None:
+                    loss = loss + term
+        with clock.stage("backward"):
+            loss.backward()
+        if after_backward is not None:
+            after_backward(info)
+        info = exclude_masked(info, batch.masks, model.gradient_key)  # hidden pixels: not seen
+        with clock.stage("adam"):
+            means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
+            found_inf = None if finite is None else finite.found_inf(params["means"].device)
+            for opt in optimizers.values():
+                if found_inf is not None:
+                    opt.found_inf = found_inf  # fused Adam skips the step on the device
+                opt.step()
+                if found_inf is not None:
+                    del opt.found_inf
+                opt.zero_grad(set_to_none=True)
+            for f in features:
+                f.optimizer_step(step)
+        return StepResult(loss.detach(), seen.detach(), info, means_lr)
 
 
 def restore_model(

@@ -64,8 +64,7 @@ def segment_sum(rows: torch.Tensor, ids: torch.Tensor, n_rows: int) -> torch.Ten
     if n_rows * k == 0:
         return out
     ids = ids.to(torch.int64)
-    sorted_ids, order = torch.sort(ids, stable=True)
-    del sorted_ids
+    _, order = torch.sort(ids, stable=True)
     starts = torch.zeros(n_rows + 1, dtype=torch.int64, device=device)
     if n > 0:
         starts[1:] = torch.cumsum(torch.bincount(ids, minlength=n_rows), 0)
