@@ -1,13 +1,14 @@
-"""The trainer's step reads nothing back from the device but the intersection count (issue 21's
-sync-free step, exact mode), and a NaN is caught one step late with the step skipped.
+"""The trainer's step reads nothing back from the device (issue 21's sync-free step), and a NaN
+is caught one step late with the step skipped.
 
 A host read is what makes the host wait for a GPU: an op that returns a device value to
 Python (``_local_scalar_dense`` behind ``.item()``, ``int()``, ``bool()``), or one whose output
 size depends on the values (``nonzero``, ``masked_select``, ``unique``). A TorchDispatchMode
 counts them over one steady-state step (no densification, no log step) of the trainer on the
 ``cuda`` backend in numba's simulator (its own process, ``helpers.run_in_cuda_simulator``):
-what is left is the one read of the number of tile intersections, which sizes the lists
-(capacity mode, which removes it, is not built yet). The NaN tests run on the ``cpu`` backend.
+none in capacity mode (the intersection lists sized at a capacity, ``train/capacity.py``), one
+in exact mode (``isect_capacity = "exact"``: the number of tile intersections, which sizes the
+lists). The NaN tests run on the ``cpu`` backend.
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ if not INNER:
 
     @pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None,
                         reason="numba-cuda is not installed (pip install tilesplat[cuda])")
-    def test_the_cuda_step_reads_back_only_the_intersection_count(request):
+    def test_the_cuda_step_reads_nothing_back(request):
         from helpers import run_in_cuda_simulator
 
         passed = run_in_cuda_simulator([__file__], str(request.config.rootpath))
-        assert len(passed) == 1, passed
+        assert len(passed) == 2, passed
 
     @pytest.mark.usefixtures("one_torch_thread")
     def test_a_nan_is_named_a_step_late_and_its_step_changes_nothing(tmp_path):
@@ -127,14 +128,25 @@ if not INNER:
 
 else:
 
-    def test_steady_state_cuda_step_host_reads(tmp_path):
-        """One host read in a steady step (exact mode): the intersection count of
-        backends/cuda/intersect.py; 17 before the sync-free step (issue 21)."""
-        trainer = _trainer(tmp_path, "cuda")
-        trainer.train_step(0)  # warm-up: kernels compiled, state allocated
+    def _steady_reads(trainer: Trainer) -> collections.Counter:
+        trainer.train_step(0)  # warm-up: kernels compiled, state allocated, capacity measured
         counter = HostReads()
         with counter:
             trainer.train_step(1)
-        assert sum(counter.sites.values()) == 1, counter.sites
-        ((name, where),) = counter.sites
+        return counter.sites
+
+    def test_steady_state_cuda_step_host_reads_in_capacity_mode(tmp_path):
+        """No host read in a steady step at a capacity; 17 before the sync-free step."""
+        trainer = _trainer(tmp_path, "cuda")
+        assert trainer.capacity is not None
+        assert _steady_reads(trainer) == {}
+        assert trainer.capacity.measured == 1 and trainer.capacity.grown == 0
+
+    def test_steady_state_cuda_step_host_reads_in_exact_mode(tmp_path):
+        """One host read in exact mode: the intersection count of backends/cuda/intersect.py."""
+        trainer = _trainer(tmp_path, "cuda", isect_capacity="exact")
+        assert trainer.capacity is None
+        sites = _steady_reads(trainer)
+        assert sum(sites.values()) == 1, sites
+        ((name, where),) = sites
         assert name == "_local_scalar_dense" and "backends/cuda/intersect.py" in where, where

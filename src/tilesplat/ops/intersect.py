@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..backends.registry import resolve
+from .intersect_capacity import counting, current_capacity
 from .validation import (
     Shapes,
     as_int32,
@@ -50,6 +51,10 @@ def isect_tiles(
     """Maps projected Gaussians to the tiles they overlap.
 
     ``segmented`` is accepted for gsplat compatibility and gives the same result.
+
+    Inside ``ops.intersect_capacity.intersection_capacity`` (the trainer's step) a backend
+    that can sizes the lists at the capacity, the unused entries first with key -1, and
+    reads nothing back; the lists are exact otherwise.
 
     Returns:
         tiles_per_gauss: [..., N] or [nnz] int32,
@@ -97,11 +102,21 @@ def isect_tiles(
         m = means2d.reshape(n_images, N, 2).contiguous()
         r = as_int32(radii).reshape(n_images, N, 2).contiguous()
         d = depths.reshape(n_images, N).contiguous()
+    capacity = current_capacity()
+    sized = {}
+    if sort and getattr(impl, "takes_capacity", False):
+        if counting():  # only the counts are wanted: the smallest lists
+            sized = {"capacity": 1}
+        elif capacity is not None:
+            sized = {"capacity": capacity.size}
     tiles_per_gauss, isect_ids, flatten_ids = impl(
         m, r, d, tile_size, tile_width, tile_height, sort, n_images,
         None if image_ids is None else image_ids.contiguous(),
         None if gaussian_ids is None else gaussian_ids.contiguous(),
+        **sized,
     )
+    if capacity is not None and sized and not counting():
+        capacity.observe(tiles_per_gauss.sum(dtype=torch.int64))
     return tiles_per_gauss.reshape(depths.shape), isect_ids, flatten_ids
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..ops import isect_offset_encode, isect_tiles, spherical_harmonics
 from ..ops.deferred_checks import current_flag
+from ..ops.intersect_capacity import IntersectionCounts, counting
 
 
 @dataclass
@@ -168,13 +169,23 @@ def tile_lists(
     gaussian_ids: Tensor | None,  # [nnz], packed
     backend: str | None,
 ) -> TileLists:
-    """``isect_tiles`` and ``isect_offset_encode`` over the B * C images of the render."""
+    """``isect_tiles`` and ``isect_offset_encode`` over the B * C images of the render.
+
+    Inside ``ops.intersect_capacity.counting_intersections`` it raises ``IntersectionCounts``
+    with the [B * C] counts instead (the render stops there)."""
     tile_width = math.ceil(width / tile_size)
     tile_height = math.ceil(height / tile_size)
     tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
         means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
         n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
     )
+    if counting():  # the caller wants the counts of the images only (train/capacity.py)
+        per_image = torch.zeros(B * C, dtype=torch.int64, device=tiles_per_gauss.device)
+        if packed:
+            per_image.index_add_(0, image_ids.long(), tiles_per_gauss.long())
+        else:
+            per_image = tiles_per_gauss.reshape(B * C, -1).sum(-1, dtype=torch.int64)
+        raise IntersectionCounts(per_image)
     isect_offsets = isect_offset_encode(isect_ids, B * C, tile_width, tile_height,
                                         backend=backend)
     isect_offsets = isect_offsets.reshape(*batch_dims, C, tile_height, tile_width)

@@ -74,6 +74,14 @@ class Strategy:
 
     # --- what tilesplat's trainer asks (not part of gsplat's interface) -------------------
 
+    def acts_at(self, step: int) -> bool:
+        """Whether ``step_post_backward`` at ``step`` may change the model or its optimisers
+        (densify, prune, relocate, reset, add noise) rather than only accumulate statistics
+        from ``info``; True unless the strategy knows better. The trainer settles a step
+        whose render may have to be redone (``train/capacity.py``) before such a call."""
+        return True
+
+
     # The values of the trainer's config keys left at -1 ("the strategy's"): the recipe's
     # initial opacity and size and its regularisers (TrainConfig.resolved); here 3DGS's
     # (Kerbl et al. 2023), which DefaultStrategy keeps.

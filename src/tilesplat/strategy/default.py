@@ -142,6 +142,13 @@ class DefaultStrategy(Strategy):
         if step > 0 and step % self.reset_every == 0:
             reset_opacity(params, optimizers, value=self.prune_opa * 2.0)
 
+    def acts_at(self, step: int) -> bool:
+        """Only the refinement and opacity-reset steps change the model; the others add the
+        step's gradients to the statistics (none once a view shows no Gaussian)."""
+        refines = (self.refine_start_iter < step < self.refine_stop_iter
+                   and step % self.refine_every == 0)
+        return refines or (step > 0 and step % self.reset_every == 0)
+
     @torch.no_grad()
     def _accumulate(self, params: Params, state: dict, info: dict, packed: bool) -> None:
         for key in ("width", "height", "n_cameras", "radii", self.key_for_gradient):

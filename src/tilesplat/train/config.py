@@ -392,6 +392,15 @@ class TrainConfig:
         "more memory and time, docs/gpu.md); the cpu backend is always bit-exact",
         "render",
     )
+    isect_capacity: str = _f(
+        "auto",
+        "how the step sizes its tile-intersection lists: auto (on cuda, one process, no "
+        "training feature: at a capacity, 1.15 x the largest count over the training views, "
+        "so that the step reads nothing back; an overflow grows it and redoes the step) or "
+        "exact (the count is read back each render; docs/gpu.md)",
+        "render",
+        ("auto", "exact"),
+    )
     packed: bool = _f(False, "packed rasterization (less memory for sparse views)", "render")
     antialiased: bool = _f(
         False, "antialiased rasterize mode (Mip-Splatting's 2D filter)", "render"

@@ -2,9 +2,21 @@
 ``isect_offset_encode``.
 
 The prefix sum and the sort run as PyTorch ops on the same stream (``torch.cumsum``,
-``torch.sort(stable=True)``); the one host synchronisation reads the number of
-intersections to allocate the lists. Intersections are written by Gaussian, then tile
-row-major, before the stable sort, so the order equals the reference's.
+``torch.sort(stable=True)``). Intersections are written by Gaussian, then tile row-major,
+before the stable sort, so the order equals the reference's.
+
+Two ways to size the lists:
+
+- exact (the default, and what a caller of the public op gets): one host synchronisation
+  reads the number of intersections and the lists hold exactly that many;
+- at a ``capacity`` (the trainer's step, ``ops/intersect_capacity.py``): the lists hold
+  ``capacity`` entries whatever the count, so nothing is read back and every step allocates
+  the same shapes. The slots past the count keep the key -1, which the stable sort moves to
+  the front (every real key is >= 0: image, tile and a positive float32 depth), and
+  :func:`isect_offset_encode` starts tile 0 after them; so each tile's list is where it is
+  in exact mode, and the last tile still ends at the lists' length. Intersections past the
+  capacity are not written; the caller sees the count (the sum of ``tiles_per_gauss``) and
+  redoes the render with a larger capacity.
 """
 
 from __future__ import annotations
@@ -70,10 +82,13 @@ def make_isect_fill(ft: type):
         y0 = min(max(int(math.floor(my - ry)), 0), tile_height)
         y1 = min(max(int(math.ceil(my + ry)), 0), tile_height)
         slot = ends[g] - (x1 - x0) * (y1 - y0)
+        stop = isect_ids.shape[0]  # the capacity: an overflowing intersection is dropped
         image = np.int64(image_ids[g]) if packed else np.int64(g // n_per_image)
         high = image << (32 + tile_bits)
         for ty in range(y0, y1):
             for tx in range(x0, x1):
+                if slot >= stop:
+                    return
                 tile = np.int64(ty * tile_width + tx)
                 isect_ids[slot] = high | (tile << 32) | depth_bits[g]
                 flatten_ids[slot] = g
@@ -83,15 +98,23 @@ def make_isect_fill(ft: type):
 
 
 def isect_offset_encode_kernel(isect_ids, tile_bits, n_tiles, offsets):
-    """Kernel body: offsets[t] = first intersection of flat tile t (t over I * TH * TW)."""
+    """Kernel body: offsets[t] = first intersection of flat tile t (t over I * TH * TW).
+
+    Keys < 0 are the unused slots of lists sized at a capacity (sorted to the front): they
+    belong to no tile; when every key is one, every tile starts (and ends) at n."""
     i = cuda.grid(1)
     n = isect_ids.shape[0]
     if i >= n:
         return
+    if isect_ids[i] < 0:
+        if i == n - 1:
+            for t in range(offsets.shape[0]):
+                offsets[t] = n
+        return
     high = isect_ids[i] >> 32
     flat = (high >> tile_bits) * n_tiles + (high & ((np.int64(1) << tile_bits) - 1))
     prev = np.int64(-1)
-    if i > 0:
+    if i > 0 and isect_ids[i - 1] >= 0:
         ph = isect_ids[i - 1] >> 32
         prev = (ph >> tile_bits) * n_tiles + (ph & ((np.int64(1) << tile_bits) - 1))
     for t in range(prev + 1, flat + 1):
@@ -135,8 +158,11 @@ def isect_tiles(
     n_images: int,
     image_ids: torch.Tensor | None,  # [nnz]
     gaussian_ids: torch.Tensor | None,  # [nnz] (not needed: flatten_ids are rows)
+    capacity: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launcher: tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n]."""
+    """Launcher: tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n];
+    with ``capacity`` the lists hold ``capacity`` entries, the unused ones first, with key -1
+    and id 0, and nothing is read back (see the module docstring)."""
     del n_images, gaussian_ids  # the image of a row comes from image_ids or its index
     lead = means2d.shape[:-1]
     device = means2d.device
@@ -144,9 +170,12 @@ def isect_tiles(
     r = radii.reshape(-1, 2).to(torch.int32).contiguous()
     n_rows = m.shape[0]
     counts = torch.zeros(n_rows, dtype=torch.int32, device=device)
+    if capacity is not None and capacity < 1:
+        raise ValueError(f"capacity must be a positive number of intersections, got {capacity}")
     if n_rows == 0:
-        none = torch.zeros(0, dtype=torch.int64, device=device)
-        return counts.reshape(lead), none, none.to(torch.int32)
+        size = 0 if capacity is None else capacity
+        keys = torch.full((size,), -1, dtype=torch.int64, device=device)
+        return counts.reshape(lead), keys, torch.zeros(size, dtype=torch.int32, device=device)
     if n_rows > INDEX_LIMIT:
         raise ValueError(
             f"{n_rows} projected Gaussians exceed the int32 range of flatten_ids in the cuda "
@@ -157,15 +186,23 @@ def isect_tiles(
     launch(_count_kernel(ft), blocks, THREADS, device, m, r, tile_size, tile_width,
            tile_height, counts)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
-    n = int(ends[-1])  # the one host synchronisation: the size of the lists
+    if capacity is None:
+        n = int(ends[-1])  # the one host synchronisation: the size of the lists
+        size = max(n, 1)
+    else:
+        n = size = capacity
     if n > INDEX_LIMIT:
         raise ValueError(
             f"{n} tile intersections exceed the int32 index range of the cuda backend "
             f"(isect_offsets, flatten_ids and last_ids hold at most {INDEX_LIMIT}); render "
             "fewer cameras per call, fewer or smaller Gaussians, or use a larger tile_size"
         )
-    isect_ids = empty(max(n, 1), torch.int64, device)
-    flatten_ids = empty(max(n, 1), torch.int32, device)
+    if capacity is None:
+        isect_ids = empty(size, torch.int64, device)
+        flatten_ids = empty(size, torch.int32, device)
+    else:  # the slots no intersection fills keep key -1 (sorted first) and Gaussian 0
+        isect_ids = torch.full((size,), -1, dtype=torch.int64, device=device)
+        flatten_ids = torch.zeros(size, dtype=torch.int32, device=device)
     packed = image_ids is not None
     n_per_image = 1 if packed else max(means2d.shape[-2], 1)
     bits = (tile_width * tile_height).bit_length()
@@ -181,6 +218,9 @@ def isect_tiles(
         isect_ids, order = torch.sort(isect_ids, stable=True)
         flatten_ids = flatten_ids[order]
     return counts.reshape(lead), isect_ids, flatten_ids
+
+
+isect_tiles.takes_capacity = True  # type: ignore[attr-defined]
 
 
 @launcher

@@ -5,6 +5,11 @@ Each Gaussian with both radii > 0 covers the tiles ``floor(m/ts - r/ts) .. ceil(
 (exclusive end) clamped to the grid. One intersection per (image, tile, Gaussian), keyed
 ``image_id << (32 + tile_bits) | tile_id << 32 | float32 bits of depth`` and sorted stably,
 so ties keep the order "by Gaussian, then tile row-major".
+
+With a ``capacity`` (``ops/intersect_capacity.py``) the lists hold ``capacity`` entries: the
+first ``capacity`` intersections in that order, then unused slots with key -1 and id 0, which
+the stable sort puts first; :func:`isect_offset_encode` starts tile 0 after them. This is the
+contract the ``cuda`` backend's capacity mode follows, here to compare it with.
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ def depth_key(depths: Tensor) -> Tensor:
 
 @torch.no_grad()
 def isect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, sort, n_images,
-                image_ids, gaussian_ids):
+                image_ids, gaussian_ids, capacity=None):
     """See module docstring. Shapes: means2d [I,N,2] or [nnz,2], radii int [same], depths
     [I,N] or [nnz]; packed when ``image_ids`` is given.
 
-    Returns tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n] int32.
+    Returns tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n] int32
+    (n = ``capacity`` when given).
     """
     packed = image_ids is not None
     lead = means2d.shape[:-1]
@@ -70,10 +76,21 @@ def isect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, sort
     bits = tile_bits(tile_width, tile_height)
     isect_ids = (img[gid] << (32 + bits)) | (tile_id << 32) | depth_key(d)[gid]
     flatten_ids = gid
+    if capacity is not None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be a positive number of intersections, got "
+                             f"{capacity}")
+        kept = min(n, capacity)
+        unused = capacity - kept
+        isect_ids = torch.cat([isect_ids[:kept], isect_ids.new_full((unused,), -1)])
+        flatten_ids = torch.cat([flatten_ids[:kept], flatten_ids.new_zeros(unused)])
     if sort:
         isect_ids, order = torch.sort(isect_ids, stable=True)
         flatten_ids = flatten_ids[order]
     return counts.to(torch.int32).reshape(lead), isect_ids, flatten_ids.to(torch.int32)
+
+
+isect_tiles.takes_capacity = True
 
 
 @torch.no_grad()
@@ -83,8 +100,10 @@ def isect_offset_encode(isect_ids: Tensor, n_images: int, tile_width: int,
     (for an empty tile: where its intersections would start)."""
     bits = tile_bits(tile_width, tile_height)
     n_tiles = tile_width * tile_height
+    unused = int((isect_ids < 0).sum())  # a capacity's unused slots, sorted first
+    isect_ids = isect_ids[unused:]
     hi = isect_ids >> 32
     flat = (hi >> bits) * n_tiles + (hi & ((1 << bits) - 1))
     counts = torch.bincount(flat, minlength=n_images * n_tiles)[: n_images * n_tiles]
-    offsets = torch.cumsum(counts, 0) - counts
+    offsets = torch.cumsum(counts, 0) - counts + unused
     return offsets.to(torch.int32).reshape(n_images, tile_height, tile_width)
