@@ -28,7 +28,10 @@ Steps, the most valuable numbers first:
 5. train the built-in scene on the GPU: ``tilesplat train`` (:func:`tilesplat.train.train_run`,
    in this process) with ``backend = "cuda"`` for ``--train-steps`` steps (default 500) at
    the default size, no progress line, into a temporary folder: steps/s, test PSNR and the
-   Gaussian count (needs Pillow: the built-in scene is PNG files; skipped without it).
+   Gaussian count (needs Pillow: the built-in scene is PNG files; skipped without it);
+6. two deterministic trainings (the same PLY bytes?), then the trainer's own step in its
+   three modes (``scripts/gpu_step.py``: exact, capacity, CUDA graph; wall and GPU-busy time,
+   syncs, launches, aten ops per step, and the graph's parity), into ``OUT/step``.
 
 Usage::
 
@@ -465,6 +468,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{repro['plain_same_as_deterministic']}); steps/s "
               f"{[_f(x, 1) for x in repro['steps_per_s']]} against "
               f"{_f(repro['plain_steps_per_s'], 1)} without", flush=True)
+
+    def trainer_step() -> dict[str, Any]:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpu_step
+
+        return gpu_step.run(os.path.join(args.out, "step"), tiny_train,
+                            1 if tiny_train else 50, 2 if tiny_train else 200)
+
+    step_modes = run.step("the trainer's step: exact, capacity and CUDA graph",
+                          trainer_step, skip=no_gpu or no_pil)
+    if step_modes is not None:
+        report["trainer_step"] = step_modes
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpu_step
+
+        print(gpu_step._table(step_modes), flush=True)
 
     report["elapsed_s"] = round(run.elapsed(), 1)
     run.write()

@@ -6,7 +6,7 @@ cannot afford that read: inside :func:`deferred_finite_checks` the same checks r
 device flag instead (:class:`FiniteFlag`), the step hands the flag to fused Adam as
 ``found_inf`` (so a bad step leaves the parameters and the moments as they were, on the
 device), and the trainer reads the flag after the next step is queued, through a host copy
-made without waiting (:meth:`FiniteFlag.start_read` / :meth:`FiniteFlag.bad_names`).
+made without waiting (:meth:`FiniteFlag.start_read` -> :class:`FlagRead`).
 
 The sums are taken in float64, so a float32 tensor's sum overflows for no finite input; a
 float64 input whose finite values sum past 1.8e308 would be reported as non-finite (named
@@ -39,8 +39,7 @@ class FiniteFlag:
         self._names: list[tuple[str, ...]] = []
         self._finite: list[Tensor] = []
         self._found: Tensor | None = None
-        self._host: Tensor | None = None
-        self._event: object | None = None
+        self._read: FlagRead | None = None
 
     def record(self, names: tuple[str, ...], finite: Tensor) -> None:
         """Add one check: ``finite`` [len(names)] bool."""
@@ -58,37 +57,54 @@ class FiniteFlag:
                 self._found = torch.zeros((), dtype=torch.float32, device=device)
         return self._found
 
-    def start_read(self) -> None:
-        """Start copying the flag to the host without waiting (on a GPU: into pinned memory,
-        with an event to wait for later)."""
-        if not self._finite:
+    def start_read(self) -> FlagRead:
+        """Start copying the flag and every check's result to the host without waiting (on a
+        GPU: into pinned memory, with an event to wait for later). The copy is this
+        moment's: a CUDA graph that replays the checks later does not change it."""
+        self._read = FlagRead(self)
+        return self._read
+
+    def bad_names(self) -> list[str]:
+        """The names of the tensors that held NaN or Inf (empty when none did), from the
+        read :meth:`start_read` started (started here when none was)."""
+        read = getattr(self, "_read", None)
+        return (read if read is not None else self.start_read()).bad_names()
+
+
+class FlagRead:
+    """A host copy of a :class:`FiniteFlag`'s results, taken without waiting."""
+
+    def __init__(self, flag: FiniteFlag) -> None:
+        self.names = list(flag._names)
+        self._host: Tensor | None = None
+        self._event: object | None = None
+        if not flag._finite:
             return
-        found = self.found_inf(self._finite[0].device)
-        if found.device.type == "cuda":
-            self._host = torch.empty((), dtype=torch.float32, pin_memory=True)
-            self._host.copy_(found, non_blocking=True)
+        device = flag._finite[0].device
+        found = flag.found_inf(device)
+        values = torch.cat([found.reshape(1)] + [f.to(device).to(torch.float32)
+                                                 for f in flag._finite])
+        if values.device.type == "cuda":
+            self._host = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
             self._event = event
         else:
-            self._host = found
+            self._host = values.clone()
 
     def bad_names(self) -> list[str]:
         """The names of the tensors that held NaN or Inf (empty when none did). Waits for
-        the copy :meth:`start_read` started (by then, a step old), reads it through NumPy
-        (no device op); only a failed check reads the per-tensor results."""
+        the copy (by then, a step old) and reads it through NumPy (no device op)."""
         if self._host is None:
-            self.start_read()
-            if self._host is None:
-                return []
+            return []
         if self._event is not None:
             self._event.synchronize()  # type: ignore[attr-defined]
-        if float(self._host.detach().numpy()) == 0.0:
+        values = self._host.detach().numpy()
+        if float(values[0]) == 0.0:
             return []
-        bad = []
-        for names, finite in zip(self._names, self._finite, strict=True):
-            bad += [n for n, ok in zip(names, finite.tolist(), strict=True) if not ok]
-        return bad
+        flat = [name for names in self.names for name in names]
+        return [n for n, ok in zip(flat, values[1:].tolist(), strict=True) if not ok]
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ class StepCapacity:
         del flag
         cap = self.current
         if cap is not None and cap.overflow is not None:
-            self.blocked = self.blocked | cap.overflow
+            self.blocked |= cap.overflow  # in place: a CUDA graph replays it
 
     @staticmethod
     def mask_info(info: dict[str, Any], flag: FiniteFlag, device: torch.device
@@ -119,7 +119,7 @@ class StepCapacity:
             raise RuntimeError("grow() before a capacity was set")
         largest = cap.largest_count()
         self.current = IsectCapacity(max(math.ceil(HEADROOM * largest), cap.size + 1))
-        self.blocked = torch.zeros_like(self.blocked)
+        self.blocked.zero_()
         self.grown += 1
 
 

@@ -392,6 +392,14 @@ class TrainConfig:
         "more memory and time, docs/gpu.md); the cpu backend is always bit-exact",
         "render",
     )
+    cuda_graph: bool = _f(
+        True,
+        "on cuda, replay the training step as one CUDA graph (captured again when the "
+        "Gaussians, the capacity, the image size or the SH degree change; needs "
+        "isect_capacity = auto); where none can be captured the step runs eagerly, and the "
+        "log says why (docs/gpu.md)",
+        "render",
+    )
     isect_capacity: str = _f(
         "auto",
         "how the step sizes its tile-intersection lists: auto (on cuda, one process, no "

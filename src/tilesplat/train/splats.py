@@ -101,11 +101,21 @@ def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Opt
 def set_learning_rates(
     optimizers: Optimizers, cfg: TrainConfig, scene_scale: float, step: int
 ) -> float:
-    """Set the rates for ``step`` (only the means' decays); returns the means' rate."""
-    lr = base_learning_rates(cfg, scene_scale)["means"] * means_lr_factor(cfg, step)
-    lr *= math.sqrt(cfg.batch_size)
-    optimizers["means"].param_groups[0]["lr"] = lr
+    """Set the rates for ``step`` (only the means' decays); returns the means' rate. A rate
+    held as a tensor (a CUDA graph's, ``train/cuda_graph.py``) is filled in place."""
+    lr = means_rate(cfg, scene_scale, step)
+    group = optimizers["means"].param_groups[0]
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(lr)
+    else:
+        group["lr"] = lr
     return lr
+
+
+def means_rate(cfg: TrainConfig, scene_scale: float, step: int) -> float:
+    """The means' learning rate at ``step`` (decayed, scaled for the batch size)."""
+    lr = base_learning_rates(cfg, scene_scale)["means"] * means_lr_factor(cfg, step)
+    return lr * math.sqrt(cfg.batch_size)
 
 
 def activated(params: Params | dict[str, Tensor]) -> dict[str, Tensor]:

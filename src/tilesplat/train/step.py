@@ -25,7 +25,14 @@ from .config import TrainConfig
 from .features import Feature
 from .masks import batch_masks, exclude_masked, masks_to, photometric_loss
 from .models import Cameras, ModelKind, model_kind
-from .splats import Optimizers, Params, make_optimizers, make_params, set_learning_rates
+from .splats import (
+    Optimizers,
+    Params,
+    make_optimizers,
+    make_params,
+    means_rate,
+    set_learning_rates,
+)
 
 # Called with the rasterizer's meta dict (``means2d``, ``conics``, ``radii``, ...).
 InfoHook = Callable[[dict[str, Any]], None]
@@ -212,6 +219,7 @@ def optimization_step(
     loss_share: tuple[float, int] | None = None,
     features: Sequence[Feature] = (),
     finite: FiniteFlag | None = None,
+    set_rates: bool = True,
 ) -> StepResult:
     """Render ``batch``, take the training loss, backward, one Adam step per parameter.
 
@@ -228,7 +236,8 @@ def optimization_step(
     transforms). With ``finite`` the ops' NaN/Inf checks record into that flag instead of
     reading their result (``ops/deferred_checks.py``), and the Gaussians' Adam steps take
     it as ``found_inf``: a step with a non-finite input changes no parameter and no moment,
-    and the caller reads the flag later.
+    and the caller reads the flag later. ``set_rates=False`` leaves the learning rates as
+    they are (a CUDA graph's capture: the caller fills the rate tensors before each replay).
     """
     checks = (contextlib.nullcontext() if finite is None
               else deferred_finite_checks(finite))
@@ -263,7 +272,8 @@ def optimization_step(
             after_backward(info)
         info = exclude_masked(info, batch.masks, model.gradient_key)  # hidden pixels: not seen
         with clock.stage("adam"):
-            means_lr = set_learning_rates(optimizers, cfg, scene_scale, step)
+            means_lr = (set_learning_rates(optimizers, cfg, scene_scale, step) if set_rates
+                        else means_rate(cfg, scene_scale, step))
             found_inf = None if finite is None else finite.found_inf(params["means"].device)
             for opt in optimizers.values():
                 if found_inf is not None:

@@ -7,7 +7,9 @@ A run folder holds ``config.toml`` (the full config), ``checkpoints/step_NNNNNNN
 The trainer holds three variants chosen by the config (``seams.py``): the model kind
 (``models/``), the densification strategy (``tilesplat.strategy``) and this process's part in
 a parallel job (``parallel/``, a single process being the null object). It calls each through
-its interface and never asks which one it holds.
+its interface and never asks which one it holds. Its step (queued without waiting, checked
+one step late, redone after an intersection-capacity overflow, replayed as a CUDA graph on a
+GPU) is :class:`.stepping.StepRunner`.
 """
 
 from __future__ import annotations
@@ -23,48 +25,37 @@ from torch import Tensor
 
 from ..data.dataset import SceneDataset
 from ..devices import to_device
-from ..ops.deferred_checks import FiniteFlag
-from ..ops.intersect_capacity import OVERFLOW, intersection_capacity
 from . import seams
-from .capacity import BLOCKED, StepCapacity, capacity_applies, count_views, overflowed
+from .capacity import StepCapacity, capacity_applies
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
+from .cuda_graph import (
+    CudaGraphMaker,
+    StepGraph,
+    graph_unavailable,
+    plain_rates,
+)
 from .determinism import apply_determinism
 from .device import device_frames, training_device
 from .early_stop import should_stop
 from .features import build_features, features_state, load_features_state, trained_dataset
 from .history import TrainingLog
 from .init import initial_gaussians
-from .masks import squared_error as masked_error
 from .metrics import psnr_of_mse
 from .models import model_kind
 from .parallel import parallel_mode
 from .progress import Progress
-from .resolution import CoarseFrames, downscale_factor
+from .resolution import CoarseFrames
 from .splats import make_optimizers, make_params
-from .step import CameraOrder, make_batch, optimization_step, restore_model
+from .step import CameraOrder, restore_model
+from .stepping import Attempt, StepRunner
 from .stop import StopRequest
 from .tensorboard import NO_BOARD, open_board
 
 CHECKPOINT_FORMAT = "tilesplat-train-1"
 
 
-@dataclasses.dataclass
-class _Attempt:
-    """One queued run of a step: its batch (kept for a redo), its flag and its result."""
-
-    step: int
-    batch: Any
-    finite: FiniteFlag
-    res: Any
-
-    def result(self) -> tuple[Tensor, Tensor]:
-        """(loss [], squared error [] float64) of the step, on the device."""
-        res, batch = self.res, self.batch
-        return res.loss, masked_error(res.colors.clamp(0.0, 1.0), batch.target, batch.masks)
-
-
-class Trainer:
+class Trainer(StepRunner):
     """Trains one model on one dataset into one run folder.
 
     Args:
@@ -123,11 +114,19 @@ class Trainer:
         self.strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
         # the last step whose NaN/Inf flag is not read yet (train_step reads it a step late)
-        self._unchecked: _Attempt | None = None
+        self._unchecked: Attempt | None = None
         self.parallel = parallel_mode(cfg)
         self.capacity: StepCapacity | None = None  # the intersection lists' (capacity.py)
         if capacity_applies(cfg, self.device, len(self.features)):
             self.capacity = StepCapacity(self._count_views, cfg.batch_size, self.device)
+        self.graph: StepGraph | None = None  # the step as one CUDA graph (cuda_graph.py)
+        on_cuda = cfg.backend == "cuda" or (cfg.backend == "auto" and self.device.type == "cuda")
+        if cfg.cuda_graph and on_cuda:
+            why_not = graph_unavailable(self.device, self.capacity is not None)
+            if why_not is not None:
+                log(f"cuda_graph: the step runs eagerly ({why_not})")
+            else:
+                self.graph = self._step_graph(CudaGraphMaker())
         self.strategy = self.parallel.attach(cfg, self.params, self.optimizers,
                                              self.strategy_state, self.strategy)
         self.board = NO_BOARD  # TensorBoard's events while train() runs (tensorboard.py)
@@ -164,6 +163,7 @@ class Trainer:
         if whole is None:
             return None
         params, optim, strategy_state = to_device(whole, "cpu")
+        optim = {k: plain_rates(v) for k, v in optim.items()}  # a graph's rate tensors
         state = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
@@ -221,144 +221,11 @@ class Trainer:
         self.training_log.write(self.run_dir / "history.json")
         return path
 
-    def _count_views(self, params: dict[str, Tensor], factor: int) -> Tensor:
-        """[V] int64: the tile-intersection count of every training view at ``factor``."""
-        def render(views: list[int]) -> None:
-            frames = [self.coarse.frame(i, factor) for i in views]
-            cams = make_batch(frames, self.background, False, views=views).to(self.device)
-            self.model.render(params, cams, self.cfg, 0)
-
-        return count_views(render, len(self.train_frames), self.cfg.batch_size, self.device)
-
     # --- one step ------------------------------------------------------------------------
 
     def batch_indices(self, step: int) -> list[int]:
         """Training-frame indices of ``step``: epochs of seeded permutations, no state kept."""
         return self.order.indices(step)
-
-    def train_step(self, step: int) -> tuple[Tensor, Tensor]:
-        """One optimisation step (render, loss, backward, Adam, densify).
-
-        Returns:
-            (loss [], squared error [] float64: the mean over the batch's pixels of the
-            clamped render against the target), on the training device, not read back.
-        """
-        indices = self.parallel.my_cameras(self.batch_indices(step))
-        frames = [self.coarse.frame(i, downscale_factor(self.cfg, step)) for i in indices]
-        batch = make_batch(frames, self.background, self.cfg.random_background,
-                           views=indices).to(self.device)
-        attempt = self._attempt(step, batch)
-        if self.capacity is not None and self.strategy.acts_at(step):
-            # a densification or a reset reads the device anyway: first make sure that no
-            # step before it, nor this one, is to be redone (train/capacity.py)
-            attempt, finished = self._settle(attempt)
-            if finished:
-                return attempt.result()
-        self._finish(attempt)
-        pending, self._unchecked = self._unchecked, attempt
-        if pending is not None and self._check(pending):
-            # the previous step overflowed its capacity, and this one was skipped after it
-            self._unchecked = None
-            attempt = self._redo([pending, attempt])
-        return attempt.result()
-
-    def _attempt(self, step: int, batch: Any) -> _Attempt:
-        """Queue the render, loss, backward and Adam of ``step`` on ``batch``."""
-        cfg, strategy = self.cfg, self.strategy
-        finite = FiniteFlag()  # the step's NaN/Inf checks, read after the next step is queued
-        capacity = None
-        if self.capacity is not None:
-            capacity = self.capacity.for_step(self.params, downscale_factor(cfg, step))
-            self.capacity.begin_step(finite)
-        with intersection_capacity(capacity):
-            res = optimization_step(
-                self.params,
-                self.optimizers,
-                batch,
-                cfg,
-                step,
-                self.scene_scale,
-                model=self.model,
-                absgrad=strategy.wants_absgrad(),
-                before_backward=lambda info: strategy.step_pre_backward(
-                    self.params, self.optimizers, self.strategy_state, step, info
-                ),
-                after_backward=lambda info: self.parallel.reduce_gradients(self.params),
-                distributed=self.parallel.render_distributed,
-                loss_share=self.parallel.loss_share(self.n_gaussians),
-                features=self.features,
-                finite=finite,
-            )
-        if self.capacity is not None:
-            self.capacity.end_step(finite)
-        return _Attempt(step, batch, finite, res)
-
-    def _finish(self, attempt: _Attempt) -> None:
-        """The strategy's and the parallel mode's part of a queued step, and the start of
-        its flag's read."""
-        cfg, step = self.cfg, attempt.step
-        info = self.parallel.densify_info(attempt.res.info, self.model.gradient_key,
-                                          cfg.batch_size)
-        if self.capacity is not None:  # a skipped step adds nothing to the statistics
-            info = self.capacity.mask_info(info, attempt.finite, self.device)
-        # the hooks take gsplat's arguments, as its simple_trainer.py passes them
-        self.strategy.post_backward(self.params, self.optimizers, self.strategy_state, step,
-                                    info, packed=cfg.packed, lr=attempt.res.means_lr)
-        self.parallel.after_step(self.params, self.optimizers, self.strategy_state, step)
-        attempt.finite.start_read()
-
-    def _check(self, attempt: _Attempt) -> bool:
-        """Read a step's flag: False when it was clean, True when it only overflowed its
-        intersection capacity (or followed a step that did): it must be redone. Raises on
-        NaN or Inf (the step's update was skipped on the device)."""
-        bad = attempt.finite.bad_names()
-        if not bad:
-            return False
-        if overflowed(bad):
-            return True
-        named = sorted(set(bad) - {OVERFLOW, BLOCKED})
-        raise ValueError(
-            f"step {attempt.step + 1}: NaN or Inf in {', '.join(named)} (what the step "
-            "renders from: the model's parameters, the cameras, or the images); its update "
-            "was skipped. Lower the learning rates or check the data"
-        )
-
-    def _settle(self, attempt: _Attempt) -> tuple[_Attempt, bool]:
-        """Read the flags of the unchecked step and of ``attempt`` (not finished) now; redo
-        from the first that overflowed. Returns the attempt of ``attempt.step`` and whether
-        it is finished (redone)."""
-        chain = [a for a in (self._unchecked, attempt) if a is not None]
-        self._unchecked = None
-        for i, a in enumerate(chain):
-            if self._check(a):
-                return self._redo(chain[i:]), True
-        return attempt, False
-
-    def _redo(self, chain: list[_Attempt]) -> _Attempt:
-        """Grow the capacity and run the skipped steps of ``chain`` again, in order, each
-        checked at once (their batches are kept: a random background is not drawn again)."""
-        assert self.capacity is not None
-        redone = chain[-1]
-        for a in chain:
-            redone = self._attempt(a.step, a.batch)
-            tries = 0
-            while self._check(redone):
-                tries += 1
-                if tries > 4:
-                    raise RuntimeError(f"step {a.step + 1}: the intersection capacity kept "
-                                       "overflowing after growing")
-                self.capacity.grow()
-                redone = self._attempt(a.step, a.batch)
-            self._finish(redone)
-        return redone
-
-    def _check_finite_step(self) -> None:
-        """Settle the last step not yet checked: raise if it met NaN or Inf (its Adam update
-        was skipped on the device), redo it if it overflowed its intersection capacity;
-        called one step late, before a checkpoint and at the end."""
-        pending, self._unchecked = self._unchecked, None
-        if pending is not None and self._check(pending):
-            self._redo([pending])
 
     # --- the loop ------------------------------------------------------------------------
 

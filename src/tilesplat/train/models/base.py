@@ -93,6 +93,12 @@ class ModelKind:
         loss reads it, ``Feature.needs_expected_depth``)."""
         raise NotImplementedError(f"{type(self).__name__}.render")
 
+    def phase(self, cfg: TrainConfig, step: int) -> tuple:
+        """What of the training step at ``step`` depends on ``step`` beyond the SH degree
+        (which loss terms and renders are on): a CUDA graph of the step is captured again
+        when it changes (``train/cuda_graph.py``). The base: nothing."""
+        return ()
+
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:
         """The kind's loss terms at ``step`` on the render ``out`` (a scalar tensor), or None
         when none is active."""

@@ -179,6 +179,10 @@ class Surfels(ModelKind):
         return render_surfels(params, cams, cfg, sh_degree, absgrad=absgrad, distloss=distloss,
                               expected_depth=evaluation or expected_depth)
 
+    def phase(self, cfg: TrainConfig, step: int) -> tuple:
+        """The normal and distortion terms switch on at their start steps."""
+        return (normal_active(cfg, step), distortion_active(cfg, step))
+
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:
         """The normal-consistency term from ``normal_start`` on and the mean distortion from
         ``dist_start`` on (weighted by ``normal_lambda`` and ``dist_lambda``)."""
