@@ -70,8 +70,8 @@ class FiniteFlag:
             event = torch.cuda.Event()
             event.record()
             self._event = event
-        else:
-            self._host = found
+        else:  # the CPU's own tensor; another device's (not CUDA) copied now
+            self._host = found if found.device.type == "cpu" else found.to("cpu")
 
     def bad_names(self) -> list[str]:
         """The names of the tensors that held NaN or Inf (empty when none did). Waits for
