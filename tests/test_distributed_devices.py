@@ -104,6 +104,17 @@ def test_cli_refuses_more_ranks_than_gpus_before_any_work(two_gpus, tmp_path, ca
     assert "--nproc must be an integer >= 1" in capsys.readouterr().err
 
 
+def test_nproc_alone_needs_gpus(monkeypatch, tmp_path, capsys):
+    from tilesplat.cli import main
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["train", "--nproc", "--set", f"cache_dir={tmp_path}"]) == 2
+    assert "--nproc without a number starts one rank per GPU" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_rank_trains_on_its_local_gpu(two_gpus, monkeypatch):
     import tilesplat.train.device as device
     from tilesplat.train.config import TrainConfig
