@@ -90,6 +90,9 @@ def test_nproc_against_the_gpus(two_gpus, monkeypatch):
     assert job_plan(cpu, 2) == (2, "gloo", False)
     with pytest.raises(ValueError, match="--nproc without a number starts one rank per GPU"):
         job_plan(cpu, None)
+    with pytest.raises(ValueError, match="device = 'cuda:1' with --nproc 2"):
+        job_plan(TrainConfig(parallel="data", device="cuda:1").validate(), 2)
+    assert job_plan(TrainConfig(parallel="data", device="cuda:1").validate(), 1)[0] == 1
 
 
 def test_cli_refuses_more_ranks_than_gpus_before_any_work(two_gpus, tmp_path, capsys):

@@ -515,7 +515,7 @@ class TrainConfig:
                  f"backend = 'cpu' runs on CPU tensors, got device = {self.device!r}: set "
                  "backend = 'cuda' (or 'auto') to train on the GPU, or device = 'cpu'")
         if self.dist_backend == "nccl":
-            need(self.device != "cpu" and self.backend not in ("cpu", "torch")
+            need((self.device != "cpu" and self.backend not in ("cpu", "torch"))
                  or is_cuda_name(self.device),
                  f"dist_backend = 'nccl' takes CUDA tensors, got device = {self.device!r} and "
                  f"backend = {self.backend!r}: set device = 'cuda', or dist_backend = 'gloo'")

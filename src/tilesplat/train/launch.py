@@ -56,7 +56,8 @@ def job_plan(cfg: TrainConfig, nproc: int | None) -> tuple[int, str, bool]:
 
     Raises:
         ValueError: ``--nproc`` without a number and no GPU; more ranks than GPUs with NCCL
-            (naming ``--nproc`` and the count); ``dist_backend = 'nccl'`` on the CPU.
+            (naming ``--nproc`` and the count); ``cuda:N`` for several ranks;
+            ``dist_backend = 'nccl'`` on the CPU.
     """
     import torch
 
@@ -73,6 +74,9 @@ def job_plan(cfg: TrainConfig, nproc: int | None) -> tuple[int, str, bool]:
         nproc = n_gpus
     if gpus:
         check_local_ranks(nproc, n_gpus, backend)
+        if nproc > 1 and cfg.device not in ("auto", "cuda"):
+            raise ValueError(f"device = {cfg.device!r} with --nproc {nproc}: set device = "
+                             "'cuda' (or 'auto'); each rank trains on cuda:LOCAL_RANK")
     return nproc, backend, gpus
 
 
