@@ -217,6 +217,15 @@ def run_checks(out_dir: str, steps: int, backend: str = "cuda", tiny: bool = Fal
     items = (("nccl_one_rank", lambda: nccl_one_rank(steps, backend, tiny,
                                                      "gloo" if rehearse else "nccl")),
              ("gloo_two_ranks_one_gpu", lambda: gloo_two_ranks(steps, backend, tiny)))
+    import importlib.util
+
+    if importlib.util.find_spec("PIL") is None:  # the built-in scene is PNG files
+        for name, _ in items:
+            report[name] = {"passed": False, "error": "Pillow is not installed (pip install "
+                            "pillow): the built-in scene is PNG files", "seconds": 0.0}
+        report["passed"] = False
+        write_json(report, path)
+        return report
     for name, fn in items:
         t0 = time.perf_counter()
         print(f"gpu_multi: {name} ...", flush=True)
