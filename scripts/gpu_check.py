@@ -31,7 +31,10 @@ Steps, the most valuable numbers first:
    Gaussian count (needs Pillow: the built-in scene is PNG files; skipped without it);
 6. two deterministic trainings (the same PLY bytes?), then the trainer's own step in its
    three modes (``scripts/gpu_step.py``: exact, capacity, CUDA graph; wall and GPU-busy time,
-   syncs, launches, aten ops per step, and the graph's parity), into ``OUT/step``.
+   syncs, launches, aten ops per step, and the graph's parity), into ``OUT/step``;
+7. several ranks (``scripts/gpu_multi.py``): NCCL with one rank trains the built-in scene,
+   and two ranks on the one GPU over gloo with CUDA tensors train it to within 0.5 dB of
+   one process (data and model mode).
 
 Usage::
 
@@ -275,6 +278,17 @@ def train_reproducibly(steps: int, tiny: bool) -> dict[str, Any]:
             "plain_test_psnr": plain["test_psnr"]}
 
 
+def several_ranks(out: str, steps: int, tiny: bool, rehearse: bool) -> dict[str, Any]:
+    """scripts/gpu_multi.py's two items (into ``OUT/gpu_multi.json``); ``rehearse`` (under
+    the simulator): gloo instead of NCCL."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_multi
+
+    if rehearse:
+        gpu_multi.EXTRA[:] = gpu_multi.SIM_KEYS
+    return gpu_multi.run_checks(out, steps, "cuda", tiny, rehearse)
+
+
 def _f(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -484,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         import gpu_step
 
         print(gpu_step._table(step_modes), flush=True)
+    multi = run.step("several ranks: NCCL with one rank, two gloo ranks on the one GPU",
+                     lambda: several_ranks(args.out, 2 if tiny_train else 300, tiny_train, sim),
+                     skip=no_gpu or no_pil)
+    if multi is not None:
+        report["several_ranks"] = multi
 
     report["elapsed_s"] = round(run.elapsed(), 1)
     run.write()
@@ -491,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = (smoke is not None and smoke["passed"] and report["parity"]
           and all(p["passed"] for p in report["parity"])
           and all(s["status"] == "ok" for s in report["steps"])
-          and (repro is None or repro["same_ply"]))
+          and (repro is None or repro["same_ply"])
+          and (multi is None or multi["passed"]))
     return 0 if ok else 1
 
 

@@ -19,6 +19,7 @@ LAYER = {
     "ops": 1,
     "rendering": 2,
     "distributed": 2,
+    "ranks": 2,
     "data": 3,
     "strategy": 3,
     "optimizers": 3,

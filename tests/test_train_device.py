@@ -47,8 +47,8 @@ def test_auto_follows_the_backend_and_the_gpu(gpu):
     assert _resolve(backend="torch", device="cuda") == "cuda"
     assert _resolve(device="cuda:1") == "cuda:1"
     assert _resolve(device="cpu") == "cpu"
-    # distributed runs stay on the CPU when nothing asks for the GPU
-    assert _resolve(parallel="data") == "cpu"
+    # a distributed run too (outside its process group: the launcher's question)
+    assert _resolve(parallel="data") == "cuda"
 
 
 def test_auto_without_a_gpu_is_the_cpu(no_gpu):
@@ -62,8 +62,9 @@ def test_auto_without_a_gpu_is_the_cpu(no_gpu):
         ({"device": "gpu"}, ["device must be one of", "'cuda:N'", "'gpu'"]),
         ({"device": "cuda:x"}, ["device must be one of", "'cuda:x'"]),
         ({"device": "cuda", "backend": "cpu"}, ["backend = 'cpu'", "device = 'cuda'"]),
-        ({"device": "cuda:0", "parallel": "data"}, ["parallel = 'data'", "device = 'cuda:0'"]),
-        ({"device": "cuda", "parallel": "model"}, ["parallel = 'model'", "device = 'cuda'"]),
+        ({"device": "cpu", "dist_backend": "nccl"}, ["dist_backend = 'nccl'", "device = 'cpu'"]),
+        ({"backend": "cpu", "dist_backend": "nccl"}, ["dist_backend = 'nccl'", "backend = 'cpu'"]),
+        ({"dist_backend": "mpi"}, ["dist_backend must be one of", "'mpi'"]),
     ],
 )
 def test_config_errors_name_the_keys(keys, words):
@@ -86,12 +87,10 @@ def test_a_gpu_this_machine_lacks_is_a_clear_error(no_gpu, keys, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
-def test_gpu_index_and_distributed_runs_are_checked(gpu):
+def test_gpu_index_is_checked(gpu):
     with pytest.raises(ValueError, match=r"device = 'cuda:2': torch sees 2 GPU\(s\)"):
         _resolve(device="cuda:2")
-    with pytest.raises(ValueError, match=r"parallel = 'data' trains on the CPU only.*"
-                       r"device = 'auto' with backend = 'cuda'"):
-        _resolve(backend="cuda", parallel="data")
+    # a rank's GPU (cuda:LOCAL_RANK) is tests/test_multi_gpu.py's
 
 
 def test_under_the_simulator_the_cuda_backend_trains_on_the_cpu(gpu, monkeypatch):

@@ -16,22 +16,35 @@ wrapper in ``torch.distributed.nn`` made a rank abort at exit about one run in t
 
 Integers travel as int32 (gsplat's ``all_gather_int32`` / ``all_to_all_int32``), on the
 device of the process group's backend (``device`` for Python ints).
+
+Where the tensors are: every collective here takes and returns tensors on the caller's
+device (a rank's GPU with NCCL, the CPU with gloo). gloo with CUDA tensors (two ranks sharing
+one GPU, which NCCL refuses) is the one case whose bytes go through the host:
+:func:`_on_the_wire` copies them there and back, and nothing else in tilesplat's collectives
+or the trainer's exchanges copies a tensor to the host.
+
+Starting ranks: :func:`launch_local` (``tilesplat train --nproc``, gsplat's :func:`cli`) and
+:func:`join_torchrun`; rank r of a job on GPUs binds ``cuda:LOCAL_RANK`` (:func:`rank_gpu`).
 """
 
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import sys
-import time
-import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+# gsplat's launcher lives beside its collectives (gsplat.distributed.cli): ranks.py
+from .ranks import (  # noqa: F401  (re-exported)
+    cli,
+    end_rank_process,
+    join_torchrun,
+    launch_local,
+    torchrun_world_size,
+)
 
 
 def _check_world(world_size: int) -> None:
@@ -50,10 +63,52 @@ def _check_world(world_size: int) -> None:
         )
 
 
+def _on_the_wire(collective: Callable[[list[Tensor], list[Tensor]], Any],
+                 outputs: list[Tensor], inputs: list[Tensor]) -> None:
+    """Runs ``collective(outputs, inputs)`` (a ``torch.distributed`` call writing
+    ``outputs``, which may be ``inputs`` themselves for an in-place one) on the tensors'
+    device; the one place where a collective's tensors may go through the host.
+
+    NCCL and gloo on CPU tensors take the tensors as they are. gloo with tensors on another
+    device (CUDA tensors of ranks that share a GPU) gets host copies of the inputs and host
+    buffers for the outputs, and the outputs are copied back onto their device: one copy
+    each way, explicit here rather than left to whether this build of gloo stages device
+    tensors itself."""
+    if not inputs or inputs[0].device.type == "cpu" or dist.get_backend() != "gloo":
+        collective(outputs, inputs)
+        return
+    host: dict[int, Tensor] = {id(t): t.detach().to("cpu") for t in inputs}
+    host_out = [host.get(id(t)) if id(t) in host else torch.empty(t.shape, dtype=t.dtype)
+                for t in outputs]
+    collective(host_out, [host[id(t)] for t in inputs])
+    with torch.no_grad():
+        for t, h in zip(outputs, host_out, strict=True):
+            t.copy_(h)
+
+
 def _all_to_all_rows(data: Tensor, out_splits: list[int], in_splits: list[int]) -> Tensor:
     out = data.new_empty((sum(out_splits), *data.shape[1:]))
-    dist.all_to_all_single(out, data.contiguous(), out_splits, in_splits)
+    _on_the_wire(lambda o, i: dist.all_to_all_single(o[0], i[0], out_splits, in_splits),
+                 [out], [data.contiguous()])
     return out
+
+
+def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
+    """``tensor`` reduced over the ranks in place (``op``: ``sum`` or ``max``), on its device;
+    returns it. The process group must be up."""
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+    if op not in ops:
+        raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+    _on_the_wire(lambda o, i: dist.all_reduce(o[0], op=ops[op]), [tensor], [tensor])
+    return tensor
+
+
+def all_gather_equal(tensor: Tensor) -> list[Tensor]:
+    """Every rank's ``tensor`` (the same shape on every rank), rank 0's first, on its device.
+    Not differentiable."""
+    got = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    _on_the_wire(lambda o, i: dist.all_gather(o, i[0]), got, [tensor.contiguous()])
+    return got
 
 
 class _AllToAllRows(torch.autograd.Function):
@@ -208,138 +263,3 @@ def all_to_all_tensor_list(
                              f"got {len(output_splits)}")
         recv = [int(s) for s in output_splits]
     return _exchange_list(tensor_list, groups, recv, send)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _worker(local_rank: int, world_size: int, fn: Callable, args: Any, backend: str,
-            verbose: bool, errors: Any) -> None:
-    if verbose:
-        print(f"distributed worker {local_rank + 1} / {world_size}", flush=True)
-    if world_size > 1:
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, rank=local_rank, world_size=world_size,
-                                timeout=datetime.timedelta(minutes=10))
-    try:
-        fn(local_rank, local_rank, world_size, args)
-        if world_size > 1:
-            dist.barrier()
-    except BaseException as exc:
-        # when it happened: a rank's failure makes the others fail too (their peer is
-        # gone), and the launcher reports the first failure, the cause
-        errors.put((time.time(), local_rank, f"{type(exc).__name__}: {exc}",
-                    traceback.format_exc()))
-        raise
-    finally:
-        if world_size > 1:
-            dist.destroy_process_group()
-    if world_size > 1:  # a spawned rank: its process is ours to end
-        end_rank_process()
-
-
-def end_rank_process() -> NoReturn:
-    """Ends a rank's process now, with exit status 0, after flushing its output.
-
-    On torch 2.13 a gloo worker thread can outlive ``destroy_process_group`` and release its
-    last collective's tensors while Python finalizes; taking the GIL then ends the thread
-    inside a C++ destructor and the process aborts (SIGABRT, "terminate called without an
-    active exception"; seen about once in ten 2-rank runs, in gdb:
-    ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` -> ``PyEval_AcquireThread``).
-    A rank whose work is done and written skips finalization instead. Only for processes
-    tilesplat owns (the ranks it spawns, the ``tilesplat`` command under torchrun)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def launch_local(world_size: int, fn: Callable, args: Any, backend: str = "gloo",
-                 verbose: bool = False) -> None:
-    """Runs ``fn(local_rank, world_rank, world_size, args)`` in ``world_size`` new processes
-    joined in a ``backend`` process group on 127.0.0.1 (1: in this process, no group).
-
-    A rank that raises ends the job: the other ranks are terminated and the first error in
-    time (the cause; the others then fail on the lost peer) is raised here as a
-    RuntimeError naming its rank."""
-    errors = torch.multiprocessing.get_context("spawn").SimpleQueue()
-    if world_size == 1:
-        _worker(0, 1, fn, args, backend, verbose, errors)
-        return
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
-    context = torch.multiprocessing.spawn(
-        _worker, args=(world_size, fn, args, backend, verbose, errors), nprocs=world_size,
-        join=False,
-    )
-    try:
-        while not context.join():  # raises on the first rank that fails, ending the others
-            pass
-    except Exception as exc:
-        reports = []
-        while not errors.empty():
-            reports.append(errors.get())
-        if not reports:
-            raise
-        _, rank, message, trace = min(reports)
-        raise RuntimeError(f"rank {rank} of {world_size} failed: {message}\n{trace}") from exc
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            process.join()
-
-
-def torchrun_world_size() -> int:
-    """The world size of the torchrun job this process belongs to (``WORLD_SIZE`` with
-    ``RANK`` set), else 0."""
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    return 0
-
-
-def join_torchrun(fn: Callable, args: Any, backend: str) -> None:
-    """Runs ``fn(local_rank, world_rank, world_size, args)`` as this process's rank of a
-    torchrun job, in a ``backend`` process group (none for a job of one)."""
-    world_size = int(os.environ["WORLD_SIZE"])
-    world_rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", world_rank))
-    if world_size > 1:
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend)
-    try:
-        fn(local_rank, world_rank, world_size, args)
-        if world_size > 1:
-            # no rank tears its connections down while a peer still works with them (rank 0
-            # writing a gathered model): gloo aborts a process whose pairs close mid-send
-            dist.barrier()
-    finally:
-        if world_size > 1:
-            dist.destroy_process_group()
-
-
-def cli(fn: Callable, args: Any, verbose: bool = False) -> bool:
-    """Runs ``fn(local_rank, world_rank, world_size, args)`` on every local rank, as gsplat's
-    ``cli``: one process per visible GPU with NCCL, or (tilesplat's addition, no GPU) as many
-    processes as ``TILESPLAT_NPROC`` asks (default 1) with gloo, on 127.0.0.1. Under
-    ``torchrun`` (``WORLD_SIZE`` and ``RANK`` set) it runs this process's rank of the job.
-    A rank that raises ends the job: the other ranks are terminated and the first error
-    raised, naming its rank, is raised here as a RuntimeError."""
-    if torchrun_world_size() > 0:  # torchrun / several machines
-        join_torchrun(fn, args, "nccl" if torch.cuda.is_available() else "gloo")
-        return True
-    if torch.cuda.is_available():
-        world_size, backend = torch.cuda.device_count(), "nccl"
-    else:
-        raw = os.environ.get("TILESPLAT_NPROC", "1")
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"TILESPLAT_NPROC must be an integer >= 1, got {raw!r}")
-        world_size, backend = int(raw), "gloo"
-    launch_local(world_size, fn, args, backend, verbose)
-    return True

@@ -45,12 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc",
-        type=int,
-        default=1,
+        nargs="?",
+        const="gpus",
+        default="1",
         metavar="N",
-        help="train in N local processes (gloo on 127.0.0.1; parallel = data unless the config "
-        "says model); "
-        "under torchrun the job's ranks are used instead (docs/distributed.md)",
+        help="train in N local processes (parallel = data unless the config says model): on "
+        "GPUs one per rank over NCCL (--nproc alone: one per visible GPU), on CPUs over gloo "
+        "on 127.0.0.1; under torchrun the job's ranks are used instead (docs/distributed.md)",
     )
     parser.add_argument(
         "--list-keys",
@@ -84,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_keys:
         print(describe_fields())
         return 0
-    if args.nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    nproc = None if args.nproc == "gpus" else _nproc(args.nproc)
     if args.resume:
         if args.config or args.data or args.images or args.init:
             raise ValueError("--resume takes the run's own config; use --set to change keys")
@@ -107,11 +107,19 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--images under torchrun: run tilesplat prepare IMAGES OUT "
                                  "once, then train --data OUT")
             cfg = prepare_images(cfg, args.images)
-        if (args.nproc > 1 or torchrun_world() > 1) and cfg.parallel == "none":
+        if (nproc != 1 or torchrun_world() > 1) and cfg.parallel == "none":
             cfg = apply_overrides(cfg, ["parallel=data"])
         from ..train.device import training_device
 
         training_device(cfg)  # a device this machine cannot give fails before any work
         job = (cfg, None, [])
-    train_job(job, args.nproc)
+    train_job(job, nproc)
     return 0
+
+
+def _nproc(text: str) -> int:
+    """``--nproc N``: an integer >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--nproc must be an integer >= 1 (or given alone: one rank per "
+                         f"GPU), got {text!r}")
+    return int(text)

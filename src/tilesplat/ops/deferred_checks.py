@@ -90,8 +90,8 @@ class FlagRead:
             event = torch.cuda.Event()
             event.record()
             self._event = event
-        else:
-            self._host = values.clone()
+        else:  # the CPU's own tensor; another device's (not CUDA) copied now
+            self._host = values.clone() if values.device.type == "cpu" else values.to("cpu")
 
     def bad_names(self) -> list[str]:
         """The names of the tensors that held NaN or Inf (empty when none did). Waits for

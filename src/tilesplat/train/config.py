@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from ..constants import BACKENDS, BACKWARD_SCHEMES
+from ..ranks import DIST_BACKENDS
 from . import seams
 from .recipes import RECIPES, recipe_keys
 
@@ -125,6 +126,14 @@ class TrainConfig:
         "docs/distributed.md",
         "run",
         seam="parallel",
+    )
+    dist_backend: str = _f(
+        "auto",
+        "torch.distributed backend of a job of several ranks: auto (nccl when the ranks train "
+        "on GPUs, one GPU each; gloo on CPUs), nccl, or gloo (CPU or CUDA tensors; lets ranks "
+        "share a GPU, the bytes staged through the host); docs/distributed.md",
+        "run",
+        DIST_BACKENDS,
     )
     checkpoint_every: int = _f(1000, "write a checkpoint every n steps (0: only at the end)", "run")
     keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep (>= 1)", "run")
@@ -379,8 +388,9 @@ class TrainConfig:
     device: str = _f(
         "auto",
         "where the model, its optimiser and every batch live: cpu, cuda or cuda:N; auto: cuda "
-        "with backend = 'cuda', or with backend = 'auto' when torch sees a GPU (and parallel "
-        "= 'none'), else cpu (docs/training.md, Training on a GPU)",
+        "with backend = 'cuda', or with backend = 'auto' when torch sees a GPU, else cpu; the "
+        "ranks of a parallel job on cuda take cuda:LOCAL_RANK (docs/training.md, Training on "
+        "a GPU)",
         "render",
     )
     backward_scheme: str = _f(
@@ -521,6 +531,11 @@ class TrainConfig:
             need(self.backend != "cpu",
                  f"backend = 'cpu' runs on CPU tensors, got device = {self.device!r}: set "
                  "backend = 'cuda' (or 'auto') to train on the GPU, or device = 'cpu'")
+        if self.dist_backend == "nccl":
+            need((self.device != "cpu" and self.backend not in ("cpu", "torch"))
+                 or is_cuda_name(self.device),
+                 f"dist_backend = 'nccl' takes CUDA tensors, got device = {self.device!r} and "
+                 f"backend = {self.backend!r}: set device = 'cuda', or dist_backend = 'gloo'")
         for seam in seams.SEAMS:  # each chosen variant checks its own keys
             errors += seams.variant(seam, getattr(self, seam)).config_errors(self)
         errors += seams.feature_errors(self)  # and each training feature its own

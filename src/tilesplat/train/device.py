@@ -12,8 +12,11 @@ loss and the evaluation live on that device; checkpoints, PLY files, PNG renders
 data and the logged numbers go through the CPU, so a checkpoint does not depend on where it
 was written.
 
-Distributed training (``parallel`` = ``data`` or ``model``) runs on the CPU only: its
-collectives go through gloo on CPU tensors, and one GPU per rank (NCCL) is not built.
+A rank of a parallel job (``parallel`` = ``data`` or ``model`` with several ranks) on
+``cuda`` trains on ``cuda:LOCAL_RANK`` (``ranks.rank_gpu``: one GPU per rank with NCCL; gloo
+ranks beyond the GPUs share them): its collectives, the densification exchange and rank 0's
+gathering move tensors on that device (``tilesplat.distributed``), and only the writers
+(checkpoints, PLY, renders) copy them to the host.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from ..backends.registry import cuda_simulator
 from ..data.frames import Frame
+from ..ranks import local_rank, rank_gpu
 from .config import CUDA_INDEX, is_cuda_name
 
 if TYPE_CHECKING:
@@ -43,18 +47,19 @@ def training_device(cfg: TrainConfig) -> torch.device:
     Raises:
         ValueError: naming the keys, when the device cannot serve the config here: a GPU
             that torch does not see (or an index beyond its GPUs), ``device = "cuda"`` under
-            numba's simulator, ``backend = "cuda"`` on the CPU outside the simulator, or a
-            distributed run on a GPU.
+            numba's simulator, ``backend = "cuda"`` on the CPU outside the simulator, or
+            ``cuda:N`` for a rank of a job (each rank takes ``cuda:LOCAL_RANK``).
     """
     simulated = cuda_simulator()
     name = cfg.device
     if name == "auto":
-        gpu = cfg.backend == "cuda" or (
-            cfg.backend == "auto" and cfg.parallel == "none" and torch.cuda.is_available()
-        )
+        gpu = cfg.backend == "cuda" or (cfg.backend == "auto" and torch.cuda.is_available())
         name = "cuda" if gpu and not simulated else "cpu"
     if is_cuda_name(name):
         _check_gpu(cfg, name, simulated)
+        job = _job_backend(cfg)
+        if job is not None:
+            return _rank_device(cfg, name, job)
     elif cfg.backend == "cuda" and not simulated:
         raise ValueError(
             f"backend = 'cuda' needs device = 'cuda' (or 'auto'), got device = {cfg.device!r}: "
@@ -70,12 +75,6 @@ def _check_gpu(cfg: TrainConfig, name: str, simulated: bool) -> None:
             f"device = {cfg.device!r} under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1): "
             "the simulator runs backend 'cuda' on CPU tensors; set device = 'auto' or 'cpu'"
         )
-    if cfg.parallel != "none":
-        raise ValueError(
-            f"parallel = {cfg.parallel!r} trains on the CPU only (gloo collectives), got "
-            f"device {name!r}{via}: set parallel = 'none' to train on one GPU, or "
-            "device = 'cpu' and backend = 'cpu'"
-        )
     if not torch.cuda.is_available():
         raise ValueError(
             f"device {name!r}{via} needs a GPU, and torch sees none "
@@ -88,6 +87,28 @@ def _check_gpu(cfg: TrainConfig, name: str, simulated: bool) -> None:
         raise ValueError(
             f"device = {name!r}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}"
         )
+
+
+def _job_backend(cfg: TrainConfig) -> str | None:
+    """The backend of the process group this process is a rank of, when ``cfg`` trains in a
+    parallel mode with several ranks; else None."""
+    import torch.distributed as dist
+
+    if cfg.parallel == "none" or not dist.is_available() or not dist.is_initialized():
+        return None
+    return str(dist.get_backend()) if dist.get_world_size() > 1 else None
+
+
+def _rank_device(cfg: TrainConfig, name: str, backend: str) -> torch.device:
+    """This rank's GPU: ``cuda:LOCAL_RANK`` (``ranks.rank_gpu``)."""
+    if name != "cuda":
+        raise ValueError(
+            f"device = {name!r} in a job of several ranks: set device = 'cuda' (or 'auto'); "
+            "each rank trains on cuda:LOCAL_RANK"
+        )
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"the process group's backend {backend!r} is neither nccl nor gloo")
+    return torch.device("cuda", rank_gpu(local_rank(), torch.cuda.device_count(), backend))
 
 
 def device_frames(frames: Sequence[Frame], device: torch.device) -> list[Frame]:

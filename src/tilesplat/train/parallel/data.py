@@ -12,7 +12,9 @@ rounding):
   raises at once, naming the step;
 - rank 0 alone writes (checkpoints, history, renders, the PLY).
 
-Started by ``tilesplat train --nproc N`` (gloo on 127.0.0.1) or under ``torchrun``.
+Started by ``tilesplat train --nproc N`` or under ``torchrun``: on CPUs over gloo, on GPUs
+one per rank over NCCL (``dist_backend``); every exchange moves tensors on the rank's device
+(``tilesplat.distributed``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...distributed import all_gather_tensor_list
+from ...distributed import all_gather_equal, all_gather_tensor_list, all_reduce
 from .. import seams
-from ..config import is_cuda_name
 from .base import Parallel
 
 if TYPE_CHECKING:
@@ -43,14 +44,6 @@ class DataParallel(Parallel):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             return cls(dist.get_rank(), dist.get_world_size())
         return None
-
-    @classmethod
-    def config_errors(cls, cfg: TrainConfig) -> list[str]:
-        """The collectives run on CPU tensors (gloo): no GPU device."""
-        if is_cuda_name(cfg.device):
-            return [f"parallel = {cfg.parallel!r} trains on the CPU only (gloo collectives), "
-                    f"got device = {cfg.device!r}: set parallel = 'none' or device = 'cpu'"]
-        return []
 
     def attach(self, cfg: TrainConfig, params: dict[str, Tensor], optimizers: dict,
                state: dict[str, Any], strategy: Strategy) -> Strategy:
@@ -73,8 +66,7 @@ class DataParallel(Parallel):
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (a one-number all-reduce)."""
         box = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(box, op=dist.ReduceOp.MAX)
-        return bool(box.item() > 0)
+        return bool(all_reduce(box, "max").item() > 0)
 
     def check_batch(self, batch_size: int) -> None:
         if batch_size % self.world_size:
@@ -106,8 +98,7 @@ class DataParallel(Parallel):
         grads = [p.grad for p in params.values() if p.grad is not None]
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
+        flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))
         flat /= self.world_size
         offset = 0
         for g in grads:
@@ -142,10 +133,10 @@ class DataParallel(Parallel):
 
     def check_in_sync(self, params: dict[str, Tensor], step: int) -> None:
         """Raises when the ranks' parameters differ (a cheap checksum per parameter)."""
-        sums = torch.stack([p.detach().double().sum() for p in params.values()]
-                           + [torch.tensor(float(len(params["means"])), dtype=torch.float64)])
-        got = [torch.empty_like(sums) for _ in range(self.world_size)]
-        dist.all_gather(got, sums)
+        count = torch.tensor(float(len(params["means"])), dtype=torch.float64,
+                             device=self.device)
+        sums = torch.stack([p.detach().double().sum() for p in params.values()] + [count])
+        got = all_gather_equal(sums)
         for r, other in enumerate(got):
             if not torch.equal(other, sums):
                 raise RuntimeError(
