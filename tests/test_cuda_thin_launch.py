@@ -368,3 +368,17 @@ def test_switches(monkeypatch, caplog):
         assert "numba-cuda 0.29.1 is outside the versions" in caplog.records[0].getMessage()
     finally:
         thin_launch._backend[0], thin_launch._disabled_why[0] = saved
+
+
+def test_the_host_benchmark_runs_both_arms():
+    """``python -m tilesplat.bench.launch_cost`` (docs/benchmarks.md): the thin arm goes
+    through runtime.launch and the thin path, the numba arm through numba's _prepare_args.
+    Times are not asserted (a shared machine); that both arms ran and what they timed is."""
+    from tilesplat.bench import launch_cost
+
+    res = launch_cost.host_packing(n=20, repeats=2)
+    assert res["kernel"] == "rasterize_bwd_per_pixel"
+    assert (res["arguments"], res["arrays"]) == (28, 18)
+    assert res["thin_us_per_launch"] > 0 and res["numba_prepare_args_us_per_launch"] > 0
+    assert len(res["ratios"]) == 2
+    assert thin_launch.plans_of(object()) is None  # the benchmark's plans are gone again
