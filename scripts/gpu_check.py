@@ -290,7 +290,9 @@ def launch_line(r: dict[str, Any]) -> str:
     """One line: µs per launch of both paths, parity, whether the thin path ran."""
     rows = [f"{k}: {'PASS' if p['passed'] else 'FAIL'} ({p['rule']})"
             for k, p in r["parity"].items()]
-    taken = "thin path taken" if r["thin_taken"] else f"thin path NOT taken ({r['refused']})"
+    taken = ("thin path taken" if r["thin_taken"] else
+             "the simulator: kernel[...] in both arms" if r.get("simulator") else
+             f"thin path NOT taken ({r['refused']})")
     return (f"{r['launches']} launches of {r['kernel']} ({r['arguments']} arguments) on "
             f"{r['scene']}: thin {r['thin_host_us']:.1f} µs host / {r['thin_wall_us']:.1f} µs "
             f"wall per launch, kernel[...] {r['numba_host_us']:.1f} / {r['numba_wall_us']:.1f}; "

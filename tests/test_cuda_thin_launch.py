@@ -121,7 +121,18 @@ class Recorder:
     def compile(self, kernel, argtypes, index):
         self.compiled.append((kernel, argtypes, index))
         return thin_launch.Compiled(FakeFunction(kernel.py_func.__name__, argtypes),
-                                    self.ptx_of(argtypes), context=("ctx", index))
+                                    self.ptx_of(argtypes), context=("ctx", index),
+                                    param_info=self.param_info(argtypes))
+
+    @staticmethod
+    def param_info(argtypes):
+        """cuKernelGetParamInfo as a driver reports it: offsets at natural alignment."""
+        layout, at = [], 0
+        for _, size in _param_sizes(argtypes):
+            at = (at + size - 1) // size * size
+            layout.append((at, size))
+            at += size
+        return lambda i: layout[i] if i < len(layout) else None
 
     def guard(self, index):
         self.guards.append(index)
@@ -335,6 +346,44 @@ def test_a_thread_without_a_context_gets_it_once(rec):
     rec.driver.results = [700]  # CUDA_ERROR_ILLEGAL_ADDRESS
     with pytest.raises(RuntimeError, match="cuLaunchKernel failed: 700"):
         runtime.launch(kernel, 1, 8, torch.device("cuda", 0), out, 8, 1.0, True)
+
+
+def test_a_first_launch_the_driver_rejects_goes_to_numba(rec, monkeypatch, caplog):
+    kernel = _small_kernel()
+    seen = []
+
+    class Recording(type(kernel)):
+        def __getitem__(self, config):
+            return lambda *argv: seen.append(argv)
+
+    kernel.__class__ = Recording
+    monkeypatch.setattr(runtime, "device_context", lambda device: _NoGuard())
+    monkeypatch.setattr(runtime, "view", lambda t: "view")
+    monkeypatch.setattr(runtime, "stream", lambda device: 0)
+    rec.driver.results = [400]  # CUDA_ERROR_INVALID_HANDLE: nothing was launched
+    out = torch.zeros(8).as_subclass(FakeTensor)
+    with caplog.at_level(logging.WARNING, logger=thin_launch.__name__):
+        runtime.launch(kernel, 1, 8, torch.device("cuda", 0), out, 8, 1.0, True)
+        runtime.launch(kernel, 1, 8, torch.device("cuda", 0), out, 8, 1.0, True)
+    assert len(seen) == 2 and len(rec.driver.calls) == 1
+    assert len(caplog.records) == 1 and "first cuLaunchKernel failed: 400" in caplog.text
+
+
+def test_the_drivers_parameter_offsets_are_checked(rec, caplog):
+    kernel = _small_kernel()
+    out = torch.zeros(8).as_subclass(FakeTensor)
+    sizes = Recorder.param_info
+    rec.param_info = lambda argtypes: (lambda i: sizes(argtypes)(i) if i < 9 else (40, 8))
+    thin_launch.set_enabled(True)
+    assert not thin_launch.launch(kernel, 1, 8, torch.device("cuda", 0), (out, 8, 1.0, True))
+    assert "the driver puts parameter 9 (value of argument 3) at offset 40" in caplog.text
+    other = _small_kernel()
+    rec.param_info = lambda argtypes: (lambda i: sizes(argtypes)(i) if i < 10 else (72, 8))
+    assert not thin_launch.launch(other, 1, 8, torch.device("cuda", 0), (out, 8, 1.0, True))
+    assert "the driver reports more than the packer's 10 parameters" in caplog.text
+    third = _small_kernel()
+    rec.param_info = lambda argtypes: (lambda i: None)  # a driver that cannot tell
+    assert thin_launch.launch(third, 1, 8, torch.device("cuda", 0), (out, 8, 1.0, True))
 
 
 def test_switches(monkeypatch, caplog):

@@ -81,7 +81,9 @@ class Compiled:
     ptx: str  # its PTX, for the layout check
     entry: str | None = None  # its .entry name in the PTX
     context: Any = None  # the device's primary context (made current on INVALID_CONTEXT)
-    param_info: Callable[[int], tuple[int, int]] | None = None  # i -> (offset, size)
+    # i -> (offset, size) of parameter i as the driver lays it out, None past the last one
+    # (or when the driver cannot tell)
+    param_info: Callable[[int], tuple[int, int] | None] | None = None
 
 
 @dataclass
@@ -103,7 +105,7 @@ class Plan:
     """One (kernel, signature, device): its CUfunction, buffer, pointer array, packer."""
 
     __slots__ = ("index", "argtypes", "params", "function", "context", "buffer", "pointers",
-                 "address", "pack")
+                 "address", "pack", "launched")
 
     def __init__(self, index: int, argtypes: tuple, classes: tuple, compiled: Compiled) -> None:
         self.index, self.argtypes = index, argtypes
@@ -116,6 +118,7 @@ class Plan:
             *[base + p.offset for p in self.params])
         self.address = ctypes.addressof(self.pointers)
         self.pack = make_packer(argtypes, classes, self.params, index, self.buffer)
+        self.launched = False  # an error at the first launch is the thin path's: kernel[...]
 
 
 def make_packer(argtypes: tuple, classes: tuple, params: tuple, index: int,
@@ -283,10 +286,14 @@ def launch(kernel: Any, grid: Any, block: Any, device: torch.device, args: tuple
         else:
             with backend.device_guard(index):
                 err = _launch(driver, plan, gx, gy, gz, bx, by, bz, stream)
-    if err is not None:
-        raise RuntimeError(f"cuLaunchKernel failed: {err!r} (grid {(gx, gy, gz)}, block "
-                           f"{(bx, by, bz)})")
-    return True
+        if err is None:
+            plan.launched = True
+            return True
+        if not plan.launched:  # nothing was launched: numba launches it, and from now on
+            _refuse(kernel, f"its first cuLaunchKernel failed: {err!r}")
+            return False
+    raise RuntimeError(f"cuLaunchKernel failed: {err!r} (grid {(gx, gy, gz)}, block "
+                       f"{(bx, by, bz)})")
 
 
 def _launch(driver: Any, plan: Plan, gx, gy, gz, bx, by, bz, stream) -> Any:
@@ -335,15 +342,22 @@ def _new_plan(kernel: Any, args: tuple, index: int, backend: Backend) -> Plan | 
 
 
 def _check(plan: Plan, compiled: Compiled) -> str | None:
-    """None when the packer's layout is the compiled kernel's, else the difference."""
+    """None when the packer's layout is the compiled kernel's (its PTX, and the driver's
+    parameter offsets where it reports them), else the difference."""
     why = ptx_abi.mismatch(plan.params, ptx_abi.entry_params(compiled.ptx, compiled.entry))
-    if why is None and compiled.param_info is not None:
-        for i, p in enumerate(plan.params):
-            offset, size = compiled.param_info(i)
-            if (offset, size) != (p.offset, p.size):
-                return (f"the driver puts parameter {i} ({p.field} of argument {p.arg}) at "
-                        f"offset {offset}, {size} bytes; the packer at {p.offset}, {p.size}")
-    return why
+    info = compiled.param_info
+    if why is not None or info is None:
+        return why
+    for i, p in enumerate(plan.params):
+        got = info(i)
+        if got is None:  # a driver without cuKernelGetParamInfo: the PTX check stands
+            return None
+        if got != (p.offset, p.size):
+            return (f"the driver puts parameter {i} ({p.field} of argument {p.arg}) at offset "
+                    f"{got[0]}, {got[1]} bytes; the packer at {p.offset}, {p.size}")
+    if info(len(plan.params)) is not None:
+        return f"the driver reports more than the packer's {len(plan.params)} parameters"
+    return None
 
 
 def _refuse(kernel: Any, why: str) -> None:
@@ -424,8 +438,9 @@ def _compile(kernel: Any, argtypes: tuple, index: int) -> Compiled:
         if isinstance(handle, driver.CUkernel):
             function = _ok(driver.cuKernelGetFunction(handle), "cuKernelGetFunction")
             if hasattr(driver, "cuKernelGetParamInfo"):
-                def param_info(i: int, h=handle) -> tuple[int, int]:
-                    return _ok(driver.cuKernelGetParamInfo(h, i), "cuKernelGetParamInfo")
+                def param_info(i: int, h=handle) -> tuple[int, int] | None:
+                    err, offset, size = driver.cuKernelGetParamInfo(h, i)
+                    return None if int(err) != 0 else (int(offset), int(size))
         context = _ok(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         cc = cuda.get_current_device().compute_capability
         ptx = compiled.inspect_asm(cc)
