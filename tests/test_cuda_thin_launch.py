@@ -234,6 +234,39 @@ def test_every_catalogue_kernel_is_one_driver_call(rec, spec):
     assert rec.driver.context_calls == [] and rec.guards == []
 
 
+def _numba_values(argtypes, args) -> list:
+    """What numba-cuda's own ``_Kernel._prepare_args`` passes for ``args`` (called unbound,
+    on numba device arrays over the tensors' pointers), as plain numbers."""
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.dispatcher import _Kernel
+
+    class Memory:
+        def __init__(self, ptr):
+            self.device_ctypes_pointer = ctypes.c_void_p(ptr)
+
+    stub = types.SimpleNamespace(extensions=[])
+    kernelargs: list = []
+    for ty, a in zip(argtypes, args, strict=True):
+        if isinstance(a, torch.Tensor):
+            size = a.element_size()
+            a = DeviceNDArray(tuple(a.shape), tuple(s * size for s in a.stride()),
+                              np.dtype(str(a.dtype).removeprefix("torch.")),
+                              gpu_data=Memory(a.data_ptr()))
+        _Kernel._prepare_args(stub, ty, a, 0, [], kernelargs)
+    return [v.value if isinstance(v, ctypes._SimpleCData) else v for v in kernelargs]
+
+
+@pytest.mark.parametrize("spec", kernels.KERNELS, ids=lambda s: s.name)
+def test_the_packer_writes_what_numba_passes(rec, spec):
+    """Parity with numba's own argument preparation, value by value, for every kernel."""
+    rng = np.random.default_rng(7)
+    for ft in spec.float_types:
+        F = nt.float32 if ft is np.float32 else nt.float64
+        args = _args_for(spec.args(F), rng)
+        runtime.launch(cuda.jit(spec.body(ft)), 2, 32, torch.device("cuda", 0), *args)
+        assert rec.driver.calls[-1]["values"] == _numba_values(spec.args(F), args)
+
+
 def _small_kernel():
     def fill(out, n, value, flag):
         i = cuda.grid(1)
