@@ -30,8 +30,9 @@ The driver rejects a launch in a thread without a current context (``CUDA_ERROR_
 CONTEXT``): the device's primary context is then made current once and the launch retried.
 The buffer is reused: ``cuLaunchKernel`` copies the parameters before it returns; a lock
 keeps two threads from packing one buffer at the same time. Under numba's simulator nothing
-here runs (``runtime.SIMULATOR``). Tests and the host benchmark replace what this module asks
-of CUDA with :func:`installed`.
+here runs (``runtime.SIMULATOR``). What this module asks of CUDA (compile, driver, current
+device and stream) is a :class:`.thin_driver.Backend`; tests and the host benchmark replace
+it with :func:`installed`.
 """
 
 from __future__ import annotations
@@ -40,11 +41,9 @@ import contextlib
 import ctypes
 import logging
 import os
-import re
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,12 +51,9 @@ import torch
 from numba.core import types as nt
 
 from . import ptx_abi
+from .thin_driver import Backend, Compiled, cuda_backend
 
 ENV = "TILESPLAT_CUDA_THIN_LAUNCH"
-# numba-cuda versions whose private launch API this path was read against and checked with
-# (Dispatcher.compile -> _Kernel, _codelibrary.get_cufunc().handle a CUkernel, the flattened
-# array ABI); others keep kernel[...].
-CHECKED_NUMBA_CUDA = ((0, 30), (0, 31))  # [first, past the last)
 
 log = logging.getLogger(__name__)
 
@@ -71,34 +67,6 @@ _SCALARS = {
     bool: nt.boolean, int: nt.int64, float: nt.float64, np.bool_: nt.boolean,
     np.int64: nt.int64, np.int32: nt.int32, np.float32: nt.float32, np.float64: nt.float64,
 }
-
-
-@dataclass
-class Compiled:
-    """A kernel compiled for one signature on one device: what a launch needs."""
-
-    function: Any  # CUfunction (or anything the driver's cuLaunchKernel takes)
-    ptx: str  # its PTX, for the layout check
-    entry: str | None = None  # its .entry name in the PTX
-    context: Any = None  # the device's primary context (made current on INVALID_CONTEXT)
-    # i -> (offset, size) of parameter i as the driver lays it out, None past the last one
-    # (or when the driver cannot tell)
-    param_info: Callable[[int], tuple[int, int] | None] | None = None
-
-
-@dataclass
-class Backend:
-    """What the thin path asks of CUDA. ``driver``: ``cuda.bindings.driver`` (its
-    ``cuLaunchKernel``, ``CUresult``, ``CUstream``, ``cuCtxSetCurrent``); ``current_device``:
-    the current device index; ``raw_stream``: index -> PyTorch's current raw stream handle;
-    ``compile``: (dispatcher, argtypes, index) -> :class:`Compiled`; ``device_guard``: index
-    -> a context manager making that device current (only entered when it is not)."""
-
-    driver: Any
-    current_device: Callable[[], int]
-    raw_stream: Callable[[int], int]
-    compile: Callable[[Any, tuple, int], Compiled]
-    device_guard: Callable[[int], Any] = torch.cuda.device
 
 
 class Plan:
@@ -129,25 +97,21 @@ def make_packer(argtypes: tuple, classes: tuple, params: tuple, index: int,
     Generated per signature: one straight-line function, no loop per argument."""
     names: dict[str, Any] = {"T": torch.Tensor, "pack_into": struct.Struct(
         ptx_abi.struct_format(params)).pack_into, "buf": buffer, "dev": index}
-    checks, values = [], []
+    checks = []
     for i, ty in enumerate(argtypes):
         a = f"a{i}"
         if isinstance(ty, nt.Array):
             names[f"d{i}"] = _TORCH_DTYPES[ty.dtype]
-            itemsize = _TORCH_DTYPES[ty.dtype].itemsize
             contiguous = f" or not {a}.is_contiguous()" if ty.layout == "C" else ""
             checks += [f"if not isinstance({a}, T) or {a}.dtype is not d{i} or "
                        f"{a}.get_device() != dev{contiguous}: return False",
                        f"s{i} = {a}.shape",
                        f"if len(s{i}) != {ty.ndim}: return False",
                        f"t{i} = {a}.stride()"]
-            values += ["0", "0", f"{a}.numel()", str(itemsize), f"{a}.data_ptr()"]
-            values += [f"s{i}[{d}]" for d in range(ty.ndim)]
-            values += [f"t{i}[{d}] * {itemsize}" for d in range(ty.ndim)]
         else:
             names[f"c{i}"] = classes[i]
             checks.append(f"if type({a}) is not c{i}: return False")
-            values.append(a)
+    values = [_value_of(p, argtypes[p.arg]) for p in params]
     unpack = "".join(f"a{i}, " for i in range(len(argtypes)))
     lines = ["def pack(args):", f"    if len(args) != {len(argtypes)}: return False"]
     if argtypes:
@@ -156,6 +120,20 @@ def make_packer(argtypes: tuple, classes: tuple, params: tuple, index: int,
     lines += [f"    pack_into(buf, 0, {', '.join(values)})", "    return True"]
     exec("\n".join(lines), names)  # noqa: S102 - code built above from the signature only
     return names["pack"]
+
+
+def _value_of(p: ptx_abi.Param, ty: Any) -> str:
+    """The expression the packer writes for parameter ``p`` (of argument ``a{p.arg}``)."""
+    a = f"a{p.arg}"
+    if p.field == "value":
+        return a
+    itemsize = _TORCH_DTYPES[ty.dtype].itemsize
+    if p.field.startswith("shape"):
+        return f"s{p.arg}[{p.field[5:]}]"
+    if p.field.startswith("strides"):  # torch counts elements, numba bytes
+        return f"t{p.arg}[{p.field[7:]}] * {itemsize}"
+    return {"meminfo": "0", "parent": "0", "nitems": f"{a}.numel()",
+            "itemsize": str(itemsize), "data": f"{a}.data_ptr()"}[p.field]
 
 
 def signature(args: tuple, index: int) -> tuple | None:
@@ -374,27 +352,14 @@ def _is_numba_kernel(kernel: Any) -> bool:
     return isinstance(kernel, CUDADispatcher)
 
 
-# ---- the real backend: numba-cuda, cuda-bindings, torch -----------------------------------
-
-
 def _default_backend() -> Backend | None:
-    """The CUDA backend, built at the first launch; None (one log line) when the installed
-    numba-cuda is not one this path was checked with or cuda-bindings is missing."""
+    """The CUDA backend (:func:`.thin_driver.cuda_backend`), built at the first launch; None
+    with one log line when it cannot be (a numba-cuda this path was not checked with, no
+    cuda-bindings)."""
     if _disabled_why[0] is not None:
         return None
     try:
-        from importlib import metadata
-
-        from cuda.bindings import driver
-
-        version = metadata.version("numba-cuda")
-        low, high = CHECKED_NUMBA_CUDA
-        if not low <= _version_tuple(version) < high:
-            raise RuntimeError(
-                f"numba-cuda {version} is outside the versions it was checked with "
-                f"({'.'.join(map(str, low))} to before {'.'.join(map(str, high))})")
-        backend = Backend(driver, torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream,
-                          _compile)
+        backend = cuda_backend()
     except Exception as exc:
         _disabled_why[0] = f"{type(exc).__name__}: {exc}"
         log.warning("tilesplat: the thin launch path is off, kernels launch with numba's "
@@ -402,55 +367,3 @@ def _default_backend() -> Backend | None:
         return None
     _backend[0] = backend
     return backend
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """``"0.30.4"`` -> ``(0, 30, 4)``, up to the first piece that is not a number."""
-    out = []
-    for piece in text.split("+")[0].split("."):
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            break
-        out.append(int(digits.group()))
-    return tuple(out)
-
-
-def _compile(kernel: Any, argtypes: tuple, index: int) -> Compiled:
-    """Compiles ``kernel`` for ``argtypes`` on GPU ``index`` and fetches its CUfunction, in
-    the device's numba context (the only context calls of the thin path; once per plan)."""
-    from cuda.bindings import driver
-    from numba import cuda
-
-    if kernel.extensions:
-        raise RuntimeError("the kernel has argument extensions")
-    with cuda.gpus[index]:
-        compiled = kernel.compile(argtypes)
-        if tuple(compiled.argument_types) != tuple(argtypes):
-            raise RuntimeError(f"numba compiled {compiled.argument_types}, not {argtypes}")
-        for flag in ("debug", "cooperative", "launch_config_sensitive"):
-            if getattr(compiled, flag, False):
-                raise RuntimeError(f"the kernel is {flag.replace('_', '-')}")
-        compiled.bind()  # loads (and initialises) its module in this context
-        cufunc = compiled._codelibrary.get_cufunc()
-        handle = cufunc.handle
-        function = handle
-        param_info = None
-        if isinstance(handle, driver.CUkernel):
-            function = _ok(driver.cuKernelGetFunction(handle), "cuKernelGetFunction")
-            if hasattr(driver, "cuKernelGetParamInfo"):
-                def param_info(i: int, h=handle) -> tuple[int, int] | None:
-                    err, offset, size = driver.cuKernelGetParamInfo(h, i)
-                    return None if int(err) != 0 else (int(offset), int(size))
-        context = _ok(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        cc = cuda.get_current_device().compute_capability
-        ptx = compiled.inspect_asm(cc)
-    return Compiled(function, ptx, entry=getattr(cufunc, "name", None), context=context,
-                    param_info=param_info)
-
-
-def _ok(result: tuple, what: str) -> Any:
-    """The value of a cuda-bindings call ``(CUresult, value...)``; RuntimeError on an error."""
-    err, *values = result
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {err!r}")
-    return values[0] if len(values) == 1 else tuple(values)
