@@ -13,10 +13,11 @@ arrays: the launch of a training step with the most arrays):
   leaves out numba's C typing, the context push and pop, the LaunchConfig and cuda.core's
   launch, so it is a lower bound of numba's cost.
 - :func:`device_launches` needs a GPU: µs per launch of 1,000 launches of the kernel of a
-  real training step's backward, thin path against ``kernel[...]`` (host time of the loop,
+  real training step's backward (a small scene, so that each kernel is shorter than a launch
+  and the loop times the host), thin path against ``kernel[...]`` (host time of the loop,
   and wall time with the GPU's work), and every output and gradient of a forward + backward
-  of ``rasterization()`` through both paths: bitwise equal with ``deterministic`` on, within
-  the cuda parity allowance (1e-4) without it.
+  of ``rasterization()`` (on ``parity_scene``) through both paths: bitwise equal with
+  ``deterministic`` on, within the cuda parity allowance (1e-4) without it.
 
 Command (no GPU): ``PYTHONPATH=src python -m tilesplat.bench.launch_cost``; on a GPU
 ``scripts/gpu_check.py`` runs :func:`device_launches`.
@@ -198,7 +199,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_launches(scene: str = "synthetic:20000:256x256", n: int = 1000,
+def device_launches(scene: str = "synthetic:5000:128x128", n: int = 1000,
                     repeats: int = 3, parity_scene: str | None = None,
                     tile_size: int = 16) -> dict[str, Any]:
     """µs per launch of ``n`` raster-backward launches through each path, and parity of a
