@@ -205,8 +205,8 @@ def device_launches(scene: str = "synthetic:5000:128x128", n: int = 1000,
     """µs per launch of ``n`` raster-backward launches through each path, and parity of a
     forward + backward through each (see the module docstring). Under numba's simulator it
     only rehearses this code: the thin path does not run there."""
+    from ..backends.cuda import get_options, reset_options, runtime, set_options, thin_launch
     from ..backends.cuda import rasterize as raster_launchers
-    from ..backends.cuda import runtime, set_options, thin_launch
     from ..backends.registry import cuda_simulator
     from ..data.scenes import load_scene
 
@@ -243,7 +243,7 @@ def device_launches(scene: str = "synthetic:5000:128x128", n: int = 1000,
         t2 = time.perf_counter()
         return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
-    saved = thin_launch._enabled[0]
+    saved, options = thin_launch._enabled[0], get_options()
     runs: dict[str, list] = {"thin": [], "numba": []}
     try:
         for _ in range(repeats):  # alternately, so that drift hits both
@@ -262,7 +262,8 @@ def device_launches(scene: str = "synthetic:5000:128x128", n: int = 1000,
                                                                      results[False], det)
     finally:
         thin_launch._enabled[0] = saved
-        set_options(deterministic=False)
+        reset_options()
+        set_options(**options)
     med = {k: (statistics.median(v[0] for v in r), statistics.median(v[1] for v in r))
            for k, r in runs.items()}
     return {"scene": scene, "parity_scene": parity_scene or scene, "kernel": KERNEL,
