@@ -36,6 +36,10 @@ Steps, the most valuable numbers first:
    and two ranks on the one GPU over gloo with CUDA tensors train it to within 0.5 dB of
    one process (data and model mode).
 
+After the smoke test: µs per launch, thin path vs ``kernel[...]`` (1,000 raster-backward
+launches), and parity of every output and gradient between the two paths
+(:func:`tilesplat.bench.launch_cost.device_launches`).
+
 Usage::
 
     PYTHONPATH=src python3 scripts/gpu_check.py --out gpu_check   # garden + 400k at 800x800
@@ -287,6 +291,28 @@ def several_ranks(out: str, steps: int, tiny: bool, rehearse: bool) -> dict[str,
     if rehearse:
         gpu_multi.EXTRA[:] = gpu_multi.SIM_KEYS
     return gpu_multi.run_checks(out, steps, "cuda", tiny, rehearse)
+def launch_cost(tiny: bool) -> dict[str, Any]:
+    """The thin launch path against kernel[...] on the device (two launches of a 16x8 scene
+    in 8-pixel tiles when ``tiny``: a rehearsal, minutes under the simulator)."""
+    from tilesplat.bench.launch_cost import device_launches
+
+    if tiny:
+        return device_launches("synthetic:8:16x8", n=2, repeats=1, tile_size=8)
+    # a small scene for the loop: kernels shorter than a launch, so the loop times the host
+    return device_launches("synthetic:5000:128x128", n=1000, repeats=3, parity_scene="garden")
+
+
+def launch_line(r: dict[str, Any]) -> str:
+    """One line: µs per launch of both paths, parity, whether the thin path ran."""
+    rows = [f"{k}: {'PASS' if p['passed'] else 'FAIL'} ({p['rule']})"
+            for k, p in r["parity"].items()]
+    taken = ("thin path taken" if r["thin_taken"] else
+             "the simulator: kernel[...] in both arms" if r.get("simulator") else
+             f"thin path NOT taken ({r['refused']})")
+    return (f"{r['launches']} launches of {r['kernel']} ({r['arguments']} arguments) on "
+            f"{r['scene']}: thin {r['thin_host_us']:.1f} µs host / {r['thin_wall_us']:.1f} µs "
+            f"wall per launch, kernel[...] {r['numba_host_us']:.1f} / {r['numba_wall_us']:.1f}; "
+            f"{taken}; parity on {r['parity_scene']}: {'; '.join(rows)}")
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -314,6 +340,9 @@ def tables(report: dict[str, Any]) -> str:
                          f"{_f(r.get('first_call_s'), 2)} | "
                          f"{'-' if warm is None else f'{warm * 1e3:.2f}'} |")
         lines.append("")
+    launch = report.get("launch_cost")
+    if launch:
+        lines += ["## Launch cost: thin path vs kernel[...]", "", launch_line(launch), ""]
     if report["parity"]:
         lines += [f"## Parity against {report['against']} (atol = rtol = 1e-4, failing "
                   "elements counted per tensor)", "",
@@ -423,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         report["smoke"] = smoke
         print(format_smoke(smoke), flush=True)
 
+    launch = run.step("µs per launch, thin vs kernel[...] (1,000 raster-backward launches) "
+                      "and parity of outputs between the two paths",
+                      lambda: launch_cost(sim or args.quick), skip=no_gpu)
+    if launch is not None:
+        report["launch_cost"] = launch
+        print(launch_line(launch), flush=True)
+
     def parity(scene: str) -> None:
         from tilesplat.bench import run_parity
 
@@ -508,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     run.write()
     print(tables(report), flush=True)
     ok = (smoke is not None and smoke["passed"] and report["parity"]
+          and (launch is None or launch["passed"])
           and all(p["passed"] for p in report["parity"])
           and all(s["status"] == "ok" for s in report["steps"])
           and (repro is None or repro["same_ply"])

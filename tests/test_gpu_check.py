@@ -172,3 +172,22 @@ def test_the_training_step_trains_the_builtin_scene(one_torch_thread):
     assert got["device"] == "cpu" and got["n_gaussians"] == 50
     assert got["steps_per_s"] == pytest.approx(3 / got["train_seconds"])
     assert 0.0 < got["test_psnr"] < 100.0 and got["wall_seconds"] >= got["train_seconds"]
+
+
+def test_tables_show_the_launch_cost(tmp_path):
+    launch = {"launches": 1000, "kernel": "rasterize_bwd_per_pixel", "arguments": 28,
+              "scene": "synthetic:20000:256x256", "parity_scene": "garden",
+              "thin_host_us": 4.25, "thin_wall_us": 9.5, "numba_host_us": 80.0,
+              "numba_wall_us": 81.0, "thin_taken": True, "refused": None, "passed": True,
+              "parity": {"deterministic": {"passed": True, "rule": "bitwise equal"},
+                         "default": {"passed": False, "rule": "abs 1e-4 + rel 1e-4"}}}
+    report = {"version_line": "gpu_check: test", "versions": VERSIONS, "against": "cpu",
+              "parity": [], "bench": [], "launch_cost": launch}
+    run = gpu_check.Run(str(tmp_path), 60.0, report)
+    run.step("launch cost", lambda: None)
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert "## Launch cost: thin path vs kernel[...]" in text
+    assert ("thin 4.2 µs host / 9.5 µs wall per launch, kernel[...] 80.0 / 81.0; thin path "
+            "taken; parity on garden: deterministic: PASS (bitwise equal); default: FAIL") in text
+    line = gpu_check.launch_line({**launch, "thin_taken": False, "refused": "PTX differs"})
+    assert "thin path NOT taken (PTX differs)" in line

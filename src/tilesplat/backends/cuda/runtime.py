@@ -1,8 +1,12 @@
 """Runtime of the cuda backend: simulator switch, hardware limits, launches, options.
 
-Every launch goes through :func:`launch`: it enters the numba context of the tensors'
-device (``cuda:1`` launches on GPU 1), turns tensor arguments into cached zero-copy views,
-launches on PyTorch's current stream of that device and counts the launch
+Every launch goes through :func:`launch`. On a GPU it takes the thin path first
+(:mod:`.thin_launch`: arguments packed straight from the tensors, one ``cuLaunchKernel`` on
+PyTorch's current stream of the tensors' device, no numba context per launch); a launch the
+thin path does not take, and every launch under the simulator, goes through numba's
+``kernel[grid, block, stream]``: it enters the numba context of the tensors' device
+(``cuda:1`` launches on GPU 1), turns tensor arguments into cached zero-copy views and
+launches on PyTorch's current stream of that device. Both count the launch
 (:func:`launch_stats`). Launchers check the hardware limits (threads per block, grid
 dimensions, static shared memory, int32 index range) before they launch.
 
@@ -23,6 +27,10 @@ Options (read by every launch, so a benchmark can switch them between calls):
   :mod:`.segment` sums the rows of each Gaussian in a fixed order; the projection backward
   writes one row per camera, summed over the cameras by PyTorch. Costs memory (a row per
   intersection and warp) and a sort.
+- ``thin_launch`` (env ``TILESPLAT_CUDA_THIN_LAUNCH``, default on; read at the first launch,
+  switched in-process by ``thin_launch.set_enabled``): launches on a GPU take the thin path
+  of :mod:`.thin_launch`. Off: every launch is numba's ``kernel[...]``. The simulator always
+  uses ``kernel[...]``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 from numba import cuda
+
+from . import thin_launch
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 SPLAT_BATCHES = (32, 256)
@@ -260,8 +270,15 @@ def stream(device: torch.device) -> Any:
 
 
 def launch(kernel: Any, grid: Any, block: Any, device: torch.device, *args: Any) -> None:
-    """Launches ``kernel[grid, block]`` on ``device``'s current PyTorch stream, in the numba
-    context of ``device``; tensor arguments become zero-copy views (:func:`view`)."""
+    """Launches ``kernel[grid, block]`` on ``device``'s current PyTorch stream: by the thin
+    path on a GPU (:mod:`.thin_launch`), else in the numba context of ``device`` with tensor
+    arguments as zero-copy views (:func:`view`)."""
+    if not SIMULATOR and device.type == "cuda":
+        t0 = time.perf_counter()
+        if thin_launch.launch(kernel, grid, block, device, args):
+            _stats["kernel_s"] += time.perf_counter() - t0
+            _stats["launches"] += 1
+            return
     with device_context(device):
         argv = [view(a) if isinstance(a, torch.Tensor) else a for a in args]
         st = stream(device)
