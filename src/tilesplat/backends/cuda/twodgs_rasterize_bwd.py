@@ -63,6 +63,7 @@ def make_rasterize_2dgs_bwd(ft: type, tile_size: int, channels: int, det: bool =
     warps = n_warps(tile_size)
     n_cols = V_COLOR + channels
     n_chunks = (n_cols + WARP - 1) // WARP  # the columns in chunks of one per lane
+    n_padded = n_chunks * WARP
     one = ft(1.0)
     clamp = ft(ALPHA_CLAMP)
     skip = ft(ALPHA_SKIP)
@@ -82,7 +83,7 @@ def make_rasterize_2dgs_bwd(ft: type, tile_size: int, channels: int, det: bool =
         s_id = cuda.shared.array(batch, np.int32)
         s_geo = cuda.shared.array((batch, S_ROW), np.float64)
         s_warp_bin = cuda.shared.array(warps, np.int32)
-        vals = cuda.local.array(n_chunks * WARP, np.float64)
+        vals = cuda.local.array(n_padded, np.float64)
         v_c = cuda.local.array(channels, np.float64)
 
         tile_x = cuda.blockIdx.x
@@ -167,7 +168,7 @@ def make_rasterize_2dgs_bwd(ft: type, tile_size: int, channels: int, det: bool =
                         valid = False
                 if not cuda.any_sync(mask, valid):
                     continue
-                for k in range(n_chunks * WARP):
+                for k in range(n_padded):
                     vals[k] = 0.0
                 g = s_id[t]
                 if valid:
