@@ -18,6 +18,9 @@ Steps, the most valuable numbers first:
 1. smoke test (:mod:`tilesplat.bench.smoke`, seconds): every op forward and backward on the
    GPU through the public API against the ``torch`` reference, both backward schemes, warp
    skip on and off, batches 32 and 256;
+1b. 2DGS (:mod:`tilesplat.bench.twodgs`): ``rasterization_2dgs`` forward + backward on
+   ``cuda`` against the torch reference on the GPU, parity (float32, arbitrated by the
+   float64 reference) then the median time of each, on 3,000 surfels at 128x128;
 2. parity of ``cuda:per_pixel`` and ``cuda:per_splat`` against ``cpu:per_splat``
    (``--against``) on the first scene: every output and gradient, failing elements counted
    per tensor under the cross-device policy of :mod:`tilesplat.bench.tolerance`;
@@ -337,6 +340,11 @@ def tables(report: dict[str, Any]) -> str:
                     f"{_f(arm['ms']['staged_total']['median'])} | "
                     f"{'PASS' if gate['passed'] else 'FAIL'} ({gate.get('n_fail', '-')} failing) |")
         lines.append("")
+    if report.get("twodgs"):
+        from tilesplat.bench.twodgs import format_twodgs_check
+
+        lines += ["## 2DGS against the torch reference", "", format_twodgs_check(
+            report["twodgs"]), ""]
     train = report.get("train")
     if train:
         lines += ["## Training the built-in scene (tilesplat train)", "",
@@ -406,6 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         report["smoke"] = smoke
         print(format_smoke(smoke), flush=True)
 
+    from tilesplat.bench.twodgs import format_twodgs_check, run_twodgs_check
+
+    twodgs = run.step("2DGS parity and speed against the torch reference", lambda: (
+        run_twodgs_check(n=30, size=16, repeats=1) if sim or args.quick
+        else run_twodgs_check()), skip=no_gpu)
+    if twodgs is not None:
+        report["twodgs"] = twodgs
+        print(format_twodgs_check(twodgs), flush=True)
+
     def parity(scene: str) -> None:
         from tilesplat.bench import run_parity
 
@@ -472,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = (smoke is not None and smoke["passed"] and report["parity"]
           and all(p["passed"] for p in report["parity"])
           and all(s["status"] == "ok" for s in report["steps"])
+          and (twodgs is None or twodgs["passed"])
           and (repro is None or repro["same_ply"]))
     return 0 if ok else 1
 
