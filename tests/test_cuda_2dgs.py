@@ -264,3 +264,25 @@ else:
             assert main(["train", *(a for k in keys for a in ("--set", k))]) == 0
         assert calls["forward"] >= 3 and calls["backward"] == 2, calls
         assert (tmp_path / "run" / "metrics.json").is_file()
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+    def test_indices_in_range_match_reference(dtype):
+        """``rasterize_to_indices_in_range_2dgs``: the same pairs in the same order as the
+        reference, for all batches onto T = 1 and for one batch onto a partial T."""
+        W, H = 13, 9
+        T = torch.ones(2, H, W, dtype=dtype)
+        T[1, 2:5] = 3e-4  # near the stop: the first pair of alpha > 2/3 ends the pixel
+        for tile, start, end in ((4, 0, 10**10), (2, 1, 3)):  # tile 2: batches of 4
+            inputs, offsets, flatten_ids = _scene(10, W, H, tile, dtype, C=2, seed=3)
+            m2d, rays, _, opac, _, _ = inputs
+            args = (T, m2d, rays, opac, W, H, tile, offsets, flatten_ids)
+            got = tilesplat.rasterize_to_indices_in_range_2dgs(start, end, *args,
+                                                               backend="cuda")
+            want = tilesplat.rasterize_to_indices_in_range_2dgs(start, end, *args,
+                                                                backend="torch")
+            for name, a, e in zip(("gaussian_ids", "pixel_ids", "image_ids"), got, want,
+                                  strict=True):
+                assert a.dtype == e.dtype and torch.equal(a, e), (name, start, a[:8], e[:8])
+            assert len(want[0]) > (100 if start == 0 else 5) and (want[2] == 1).any()
+        none = tilesplat.rasterize_to_indices_in_range_2dgs(50, 60, *args, backend="cuda")
+        assert all(len(t) == 0 for t in none)  # no tile has 50 batches

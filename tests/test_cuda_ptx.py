@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 from tilesplat.backends.cuda import (  # noqa: E402
     covariance,
+    indices,
     intersect,
     kernels,
     projection,
@@ -91,8 +92,9 @@ def test_catalogue_lists_every_kernel():
     """Each kernel body builder of the package appears in kernels.KERNELS."""
     builders = {
         obj
-        for module in (covariance, intersect, projection, rasterize_bwd, rasterize_fwd, segment,
-                       sh, twodgs_projection, twodgs_rasterize_bwd, twodgs_rasterize_fwd)
+        for module in (covariance, indices, intersect, projection, rasterize_bwd, rasterize_fwd,
+                       segment, sh, twodgs_projection, twodgs_rasterize_bwd,
+                       twodgs_rasterize_fwd)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__
@@ -105,6 +107,7 @@ def test_catalogue_lists_every_kernel():
 
 def _probe_args(builder):
     """Arguments that build a kernel body: the float type, then tile size, channels, batch."""
-    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False}
+    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False,
+             "fill": False}
     params = list(inspect.signature(builder).parameters)
     return [np.float32] + [extra[p] for p in params[1:]]

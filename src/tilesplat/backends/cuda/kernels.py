@@ -14,6 +14,7 @@ import numpy as np
 from numba.core import types as nt
 
 from .covariance import make_covar_bwd, make_covar_fwd
+from .indices import make_indices_2dgs
 from .intersect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
 from .projection import make_projection_bwd, make_projection_fwd
 from .rasterize_bwd import make_bwd_per_pixel, make_bwd_per_splat
@@ -182,6 +183,13 @@ def _raster_2dgs_bwd_args(F):
         _arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(nt.float64, 2))  # fmt: skip
 
 
+def _indices_2dgs_args(F):
+    i64, i32 = nt.int64, nt.int32
+    return (i64, i64, _arr(F, 3), _arr(F, 2), _arr(F, 3), _arr(F, 1), _arr(F, 2), _arr(F, 2),
+            i64, i64, i64, _arr(i32, 1), _arr(i32, 1), i64, i64, i64, _arr(i32, 1),
+            _arr(i64, 1), _arr(i64, 1), _arr(i64, 1), _arr(i64, 1))  # fmt: skip
+
+
 TWODGS_KERNELS = ("forward", "backward", "backward_det")
 
 
@@ -235,6 +243,10 @@ KERNELS: tuple[KernelSpec, ...] = (
     twodgs_raster_spec("forward", TILE, CHANNELS + 1),
     twodgs_raster_spec("backward", TILE, CHANNELS + 1),
     twodgs_raster_spec("backward_det", TILE, CHANNELS + 1),
+    KernelSpec("twodgs_indices_count", lambda ft: make_indices_2dgs(ft, TILE, False),
+               _indices_2dgs_args, float64_inside=True),
+    KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE, True),
+               _indices_2dgs_args, float64_inside=True),
 )
 
 
