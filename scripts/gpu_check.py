@@ -18,14 +18,14 @@ Steps, the most valuable numbers first:
 1. smoke test (:mod:`tilesplat.bench.smoke`, seconds): every op forward and backward on the
    GPU through the public API against the ``torch`` reference, both backward schemes, warp
    skip on and off, batches 32 and 256;
-1b. 2DGS (:mod:`tilesplat.bench.twodgs`): ``rasterization_2dgs`` forward + backward on
-   ``cuda`` against the torch reference on the GPU, parity (float32, arbitrated by the
-   float64 reference) then the median time of each, on 3,000 surfels at 128x128;
 2. parity of ``cuda:per_pixel`` and ``cuda:per_splat`` against ``cpu:per_splat``
    (``--against``) on the first scene: every output and gradient, failing elements counted
    per tensor under the cross-device policy of :mod:`tilesplat.bench.tolerance`;
 3. bench (:func:`tilesplat.bench.run_bench`) of ``cuda:per_pixel`` and ``cuda:per_splat`` on
-   the last scene (the 4 ms target's), then parity there, then the bench on the other scenes;
+   the last scene (the 4 ms target's); then 2DGS (:mod:`tilesplat.bench.twodgs`):
+   ``rasterization_2dgs`` forward + backward on ``cuda`` against the torch reference on the
+   GPU, parity (float32, arbitrated by the float64 reference) then the median time of each,
+   on 3,000 surfels at 128x128; then parity on the other scenes and the bench there;
 4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
    batches of 256;
 5. train the built-in scene on the GPU: ``tilesplat train`` (:func:`tilesplat.train.train_run`,
@@ -414,15 +414,6 @@ def main(argv: list[str] | None = None) -> int:
         report["smoke"] = smoke
         print(format_smoke(smoke), flush=True)
 
-    from tilesplat.bench.twodgs import format_twodgs_check, run_twodgs_check
-
-    twodgs = run.step("2DGS parity and speed against the torch reference", lambda: (
-        run_twodgs_check(n=30, size=16, repeats=1) if sim or args.quick
-        else run_twodgs_check()), skip=no_gpu)
-    if twodgs is not None:
-        report["twodgs"] = twodgs
-        print(format_twodgs_check(twodgs), flush=True)
-
     def parity(scene: str) -> None:
         from tilesplat.bench import run_parity
 
@@ -451,6 +442,15 @@ def main(argv: list[str] | None = None) -> int:
                                    "deterministic": True}, arms)]
     parity(scenes[0])
     bench(scenes[-1], *default)
+
+    from tilesplat.bench.twodgs import format_twodgs_check, run_twodgs_check
+
+    twodgs = run.step("2DGS parity and speed against the torch reference", lambda: (
+        run_twodgs_check(n=30, size=16, repeats=1) if sim or args.quick
+        else run_twodgs_check()), skip=no_gpu)
+    if twodgs is not None:
+        report["twodgs"] = twodgs
+        print(format_twodgs_check(twodgs), flush=True)
     for scene in scenes[1:]:
         parity(scene)
     for scene in scenes[:-1]:
