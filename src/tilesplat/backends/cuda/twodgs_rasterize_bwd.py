@@ -11,13 +11,16 @@ terms, whose sums in front of a surfel come from 1 - T and the forward's total o
 pixel's sums and the gradient rows are float64.
 
 Each pair's gradient is a row of ``V_COLOR + D`` float64 values: mean, opacity, the gradients
-of the crosses a, b, c (sum of p_x v_cross, p_y v_cross, v_cross), normal, the shifted pixel
-(-densify), |pixel| (absgrad), colour. A warp sums a surfel's rows with shuffles, then lane 0
-either adds the sum to the surfel's row with float64 atomics (default) or, with the
-``deterministic`` option, stores it in the row ``intersection * n_warps + warp`` of its own
-(one writer per row: plain stores, no atomics), which ``segment.segment_sum`` reduces in a
-fixed order. The launcher turns the crosses' gradients into the ray transforms' (``twodgs``).
-A warp skips a surfel none of its lanes needs and starts each batch at its largest last id.
+of the crosses a, b, c (sum of p_x v_cross, p_y v_cross, v_cross), normal, |d loss / d
+pixel| (absgrad), colour. A full warp sums a surfel's rows by a transpose reduction (each
+shuffle step halves the columns a lane holds, so lane l ends with column l: 31 shuffles for
+32 columns instead of 5 per column; a partial warp, when tile_size**2 is not a multiple of 32,
+sums by a tree to lane 0). Then each lane either adds its column to the surfel's row with a
+float64 atomic (default) or, with the ``deterministic`` option, stores it in the row
+``intersection * n_warps + warp`` of its own (one writer per element: plain stores, no
+atomics), which ``segment.segment_sum`` reduces in a fixed order. The launcher turns the
+crosses' gradients into the ray transforms' and the densify gradient (``twodgs``). A warp
+skips a surfel none of its lanes needs and starts each batch at its largest last id.
 """
 
 from __future__ import annotations
