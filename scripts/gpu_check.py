@@ -22,7 +22,10 @@ Steps, the most valuable numbers first:
    (``--against``) on the first scene: every output and gradient, failing elements counted
    per tensor under the cross-device policy of :mod:`tilesplat.bench.tolerance`;
 3. bench (:func:`tilesplat.bench.run_bench`) of ``cuda:per_pixel`` and ``cuda:per_splat`` on
-   the last scene (the 4 ms target's), then parity there, then the bench on the other scenes;
+   the last scene (the 4 ms target's); then 2DGS (:mod:`tilesplat.bench.twodgs`):
+   ``rasterization_2dgs`` forward + backward on ``cuda`` against the torch reference on the
+   GPU, parity (float32, arbitrated by the float64 reference) then the median time of each,
+   on 3,000 surfels at 128x128; then parity on the other scenes and the bench there;
 4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
    batches of 256;
 5. train the built-in scene on the GPU: ``tilesplat train`` (:func:`tilesplat.train.train_run`,
@@ -383,6 +386,11 @@ def tables(report: dict[str, Any]) -> str:
                     f"{_f(arm['ms']['staged_total']['median'])} | "
                     f"{'PASS' if gate['passed'] else 'FAIL'} ({gate.get('n_fail', '-')} failing) |")
         lines.append("")
+    if report.get("twodgs"):
+        from tilesplat.bench.twodgs import format_twodgs_check
+
+        lines += ["## 2DGS against the torch reference", "", format_twodgs_check(
+            report["twodgs"]), ""]
     train = report.get("train")
     if train:
         lines += ["## Training the built-in scene (tilesplat train)", "",
@@ -487,6 +495,17 @@ def main(argv: list[str] | None = None) -> int:
                                    "deterministic": True}, arms)]
     parity(scenes[0])
     bench(scenes[-1], *default)
+
+    from tilesplat.bench.twodgs import format_twodgs_check, run_twodgs_check
+
+    twodgs = run.step("2DGS parity and speed against the torch reference", lambda: (
+        run_twodgs_check(n=30, size=16, repeats=1) if sim or args.quick
+        else run_twodgs_check()), skip=no_gpu)
+    if twodgs is not None:
+        report["twodgs"] = twodgs
+        print(format_twodgs_check(twodgs), flush=True)
+        if not twodgs["passed"]:  # the run's verdict reads the steps' statuses
+            report["steps"][-1]["status"] = "failed: 2DGS parity against the torch reference"
     for scene in scenes[1:]:
         parity(scene)
     for scene in scenes[:-1]:

@@ -2,8 +2,10 @@
 
 numba-cuda's NVVM comes from pip packages (``numba-cuda[cu13]``), so ``compile_ptx`` runs on
 a CPU-only machine. Besides compiling, the PTX is checked for what the design promises:
-float32 kernels do no float64 arithmetic, the per-pixel backward uses warp shuffles and
-votes, the forward's early exit is a block-wide count, atomics are native float adds.
+float32 kernels do no float64 arithmetic (but the 2DGS ones, which compute in float64 by
+design), the per-pixel backward uses warp shuffles and votes, the forward's early exit is a
+block-wide count, atomics are native float adds, and the deterministic 2DGS backward and the
+2DGS projection add no float with an atomic.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np  # noqa: E402
 
 from tilesplat.backends.cuda import (  # noqa: E402
     covariance,
+    indices,
     intersect,
     kernels,
     projection,
@@ -33,6 +36,9 @@ from tilesplat.backends.cuda import (  # noqa: E402
     rasterize_fwd,
     segment,
     sh,
+    twodgs_projection,
+    twodgs_rasterize_bwd,
+    twodgs_rasterize_fwd,
 )
 
 CASES = [
@@ -40,10 +46,14 @@ CASES = [
     for spec in kernels.KERNELS
     for ft in spec.float_types
     for cc in ((8, 0), (9, 0))
+    # the 2DGS kernels compute in float64 either way: their float64 variant on sm_90 only
+    # (the lent GPU's), which saves CI ~10 s of compilation
+    if not (spec.float64_inside and ft is np.float64 and cc == (8, 0))
 ]
 # float64 arithmetic a float32 kernel must not contain (converting a float64 scalar
 # argument such as eps2d once is fine: cvt.*.f64, ld.param.f64)
 F64_MATH = re.compile(r"\b(?:add|sub|mul|div|fma|rcp|sqrt|neg|abs|min|max)(?:\.\w+)*\.f64\b")
+FLOAT_ATOMIC = re.compile(r"\b(?:atom|red)(?:\.\w+)*\.add(?:\.\w+)*\.f(?:32|64)\b")
 
 
 @pytest.mark.parametrize("spec, ft, cc", CASES)
@@ -51,7 +61,7 @@ def test_kernel_compiles_to_ptx(spec, ft, cc):
     ptx = kernels.compile_ptx(spec, ft, cc)
     assert f".target sm_{cc[0]}{cc[1]}" in ptx
     assert ".visible .entry" in ptx, "a kernel entry point, not a device function"
-    if ft is np.float32:
+    if ft is np.float32 and not spec.float64_inside:
         bad = sorted(set(F64_MATH.findall(ptx)))
         assert not bad, f"float32 kernel {spec.name} does float64 math: {bad[:10]}"
     width = "f32" if ft is np.float32 else "f64"
@@ -64,14 +74,27 @@ def test_kernel_compiles_to_ptx(spec, ft, cc):
         assert "bar.red.popc" in ptx, "early exit by syncthreads_count"
     if spec.name.startswith("rasterize_bwd_per_splat"):
         assert "bar.red.or" in ptx, "early exit by syncthreads_or"
+    if spec.name.startswith("twodgs_rasterize_forward"):
+        assert "bar.red.popc" in ptx, "early exit by syncthreads_count"
+    if spec.name.startswith("twodgs_rasterize_backward"):
+        assert "shfl.sync.bfly" in ptx and "shfl.sync.down" in ptx, "warp reductions"
+        assert "vote.sync.any" in ptx, "warp skip"
+        atomics = FLOAT_ATOMIC.findall(ptx)
+        if "_det" in spec.name:  # the deterministic variant stores its rows
+            assert not atomics, f"float atomics in {spec.name}: {sorted(set(atomics))}"
+        else:
+            assert re.search(r"\batom\.global\.add\.f64\b", ptx), "float64 atomics"
+    if spec.name.startswith("twodgs_projection"):
+        assert not FLOAT_ATOMIC.findall(ptx), "the 2DGS projection writes rows, no atomics"
 
 
 def test_catalogue_lists_every_kernel():
     """Each kernel body builder of the package appears in kernels.KERNELS."""
     builders = {
         obj
-        for module in (covariance, intersect, projection, rasterize_bwd, rasterize_fwd, segment,
-                       sh)
+        for module in (covariance, indices, intersect, projection, rasterize_bwd, rasterize_fwd,
+                       segment, sh, twodgs_projection, twodgs_rasterize_bwd,
+                       twodgs_rasterize_fwd)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__
@@ -84,6 +107,7 @@ def test_catalogue_lists_every_kernel():
 
 def _probe_args(builder):
     """Arguments that build a kernel body: the float type, then tile size, channels, batch."""
-    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False}
+    extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False,
+             "fill": False}
     params = list(inspect.signature(builder).parameters)
     return [np.float32] + [extra[p] for p in params[1:]]

@@ -37,6 +37,8 @@ from tilesplat.backends.cuda import kernels, raster_limits, runtime  # noqa: E40
 from tilesplat.backends.cuda.rasterize import backward as rasterize_to_pixels_bwd  # noqa: E402
 from tilesplat.backends.cuda.rasterize import forward as rasterize_to_pixels_fwd  # noqa: E402
 from tilesplat.backends.cuda.rasterize_fwd import KEEP_SUM  # noqa: E402
+from tilesplat.backends.cuda.twodgs_rasterize_bwd import n_warps  # noqa: E402
+from tilesplat.backends.cuda.twodgs_rasterize_fwd import shared_bytes as twodgs_shared  # noqa: E402
 
 FLOAT_BYTES = {np.float32: 4, np.float64: 8}
 
@@ -121,6 +123,34 @@ def test_launch_fits_the_hardware(kernel, tile, channels, variant, ft, cc):
     assert predicted <= declared <= predicted + raster_limits.SHARED_ALIGN_SLACK, (
         f"linker: {res['shared']} bytes of shared memory, launchers count {predicted}")
     assert res["shared"] <= runtime.STATIC_SHARED_BYTES
+
+
+# 2DGS: the default tile and RGB+D for each kernel, and the edges of the backward: the most
+# registers (16 channels at tile 16) and the largest tile (32) with float64
+TWODGS_CASES = [("forward", 16, 4, np.float32), ("backward", 16, 4, np.float32),
+                ("backward_det", 16, 4, np.float32), ("backward", 16, 16, np.float32),
+                ("backward", 32, 16, np.float64)]
+
+
+@pytest.mark.parametrize("kernel, tile, channels, ft", TWODGS_CASES,
+                         ids=[f"{k}-t{t}-c{c}-{f.__name__}" for k, t, c, f in TWODGS_CASES])
+def test_twodgs_launch_fits_the_hardware(kernel, tile, channels, ft):
+    cc = (9, 0)
+    threads = tile * tile
+    ptx = kernels.compile_ptx(kernels.twodgs_raster_spec(kernel, tile, channels), ft, cc,
+                              threads=threads)
+    assert f".maxntid {threads}" in ptx.replace(", 1, 1", ""), "launch bound in the PTX"
+    res = link_resources(ptx, cc)
+    assert register_file_fits(res["registers"], threads), (
+        f"{res['registers']} registers x {threads} threads exceed the register file")
+    predicted = twodgs_shared(tile) + (0 if kernel == "forward" else 4 * n_warps(tile))
+    declared = res["shared"] - raster_limits.RESERVED_SHARED
+    assert predicted <= declared <= predicted + raster_limits.SHARED_ALIGN_SLACK, (
+        f"linker: {res['shared']} bytes of shared memory, launchers count {predicted}")
+    assert res["shared"] <= runtime.STATIC_SHARED_BYTES
+    for t in range(1, raster_limits.MAX_TILE + 1):  # every tile the launchers accept
+        room = raster_limits.SHARED_ALIGN_SLACK + raster_limits.RESERVED_SHARED
+        assert twodgs_shared(t) + 4 * n_warps(t) + room <= runtime.STATIC_SHARED_BYTES
 
 
 def test_every_allowed_configuration_fits_shared_memory():

@@ -1,7 +1,7 @@
 """``fully_fused_projection_2dgs``: radii exactly and means2d, depths, ray transforms, normals
 and the gradients of means, quats, scales, viewmats and Ks against the reference, with
-surfels behind the near plane and off the image (culled). The cuda backend registers no
-2DGS kernels (its calls run the reference)."""
+surfels behind the near plane and off the image (culled). The cuda backend's 2DGS
+kernels are checked in the simulator by tests/test_cuda_2dgs.py."""
 
 import pytest
 import torch

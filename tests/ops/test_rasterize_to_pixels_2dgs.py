@@ -2,7 +2,8 @@
 gradient (absgrad included) against the reference, on odd image sizes with backgrounds, masks,
 empty and busy tiles, surfels as wide as the view or crossing the camera plane, no surfels at
 all, packed input; float32 at the project's tolerances and float64 tight; bad input named.
-The cuda backend registers no 2DGS kernels (its calls run the reference)."""
+The cuda backend's 2DGS kernels are checked in the simulator by tests/test_cuda_2dgs.py
+(smaller scenes: the simulator is slow)."""
 
 import math
 

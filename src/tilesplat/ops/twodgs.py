@@ -45,7 +45,7 @@ def fully_fused_projection_2dgs(
         Ks: intrinsics. [..., C, 3, 3]
         eps2d: accepted for gsplat's signature; 2DGS has no 2D blur.
         packed: return only the visible (batch, camera, Gaussian) entries.
-        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
+        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (each has kernels for it).
 
     Returns:
         unpacked: radii [..., C, N, 2] int32, means2d [..., C, N, 2], depths [..., C, N],
@@ -122,7 +122,7 @@ def rasterize_to_pixels_2dgs(
             of the absolute per-pixel gradient of ``densify`` (AbsGS for 2DGS).
         distloss: accepted (gsplat switches the distortion's gradient with it; autograd
             always has it).
-        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
+        backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (each has kernels for it).
 
     Returns:
         render_colors [..., H, W, channels], render_alphas [..., H, W, 1], render_normals

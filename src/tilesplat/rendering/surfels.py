@@ -80,7 +80,7 @@ def rasterization_2dgs(
 
     Args as :func:`tilesplat.rasterization`, plus ``distloss`` (needs a depth render mode)
     and ``depth_mode`` (``expected`` or ``median``: the depth the depth normals come from).
-    ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
+    ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (each has the 2DGS kernels).
 
     Returns:
         render_colors [..., C, H, W, X], render_alphas [..., C, H, W, 1], render_normals

@@ -27,7 +27,16 @@ from .runtime import check_numba_cuda_version  # noqa: E402
 check_numba_cuda_version(getattr(numba_cuda, "__version__", "0"))
 
 from ..registry import DiffOp, register  # noqa: E402
-from . import covariance, intersect, projection, rasterize, sh, ssim  # noqa: E402
+from . import (  # noqa: E402
+    covariance,
+    indices,
+    intersect,
+    projection,
+    rasterize,
+    sh,
+    ssim,
+    twodgs,
+)
 from .runtime import (  # noqa: E402
     SIMULATOR,
     get_options,
@@ -49,6 +58,9 @@ register("spherical_harmonics", "cuda", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cuda", intersect.isect_tiles)
 register("isect_offset_encode", "cuda", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cuda", DiffOp(rasterize.forward, rasterize.backward))
+register("fully_fused_projection_2dgs", "cuda", twodgs.fully_fused_projection_2dgs)
+register("rasterize_to_pixels_2dgs", "cuda", twodgs.rasterize_to_pixels_2dgs)
+register("rasterize_to_indices_in_range_2dgs", "cuda", indices.rasterize_to_indices_in_range_2dgs)
 register("ssim", "cuda", DiffOp(ssim.forward, ssim.backward))
 
 __all__ = ["get_options", "launch_stats", "reset_launch_stats", "reset_options", "set_options"]

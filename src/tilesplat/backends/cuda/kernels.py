@@ -14,12 +14,16 @@ import numpy as np
 from numba.core import types as nt
 
 from .covariance import make_covar_bwd, make_covar_fwd
+from .indices import make_indices_2dgs
 from .intersect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
 from .projection import make_projection_bwd, make_projection_fwd
 from .rasterize_bwd import make_bwd_per_pixel, make_bwd_per_splat
 from .rasterize_fwd import make_rasterize_fwd
 from .segment import make_segment_sum
 from .sh import make_sh_bwd, make_sh_fwd
+from .twodgs_projection import make_projection_2dgs_bwd, make_projection_2dgs_fwd
+from .twodgs_rasterize_bwd import make_rasterize_2dgs_bwd
+from .twodgs_rasterize_fwd import make_rasterize_2dgs_fwd
 
 TILE = 16  # the tile size the PTX checks compile for (the kernels take any)
 CHANNELS = 3
@@ -37,6 +41,9 @@ class KernelSpec:
     body: Callable[[type], Callable]  # np.float32 / np.float64 -> Python kernel body
     args: Callable[[nt.Type], tuple]  # numba float type -> argument types
     float_types: tuple = (np.float32, np.float64)
+    # computes in float64 whatever the data's type (the 2DGS kernels: their ray-plane
+    # intersection is ill-conditioned in float32, see twodgs_rasterize_fwd)
+    float64_inside: bool = False
 
 
 def _raster_common(F):
@@ -142,6 +149,65 @@ def _segment_args(F):
     return (_arr(F, 2), _arr(nt.int64, 1), _arr(F, 2))
 
 
+def _proj_2dgs_fwd_args(F):
+    f64 = nt.float64
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 4), _arr(F, 4), f64, f64, f64, f64,
+            f64, _arr(nt.int32, 4), _arr(F, 4), _arr(F, 3), _arr(F, 5),
+            _arr(F, 4))  # fmt: skip
+
+
+def _proj_2dgs_bwd_args(F):
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 4), _arr(F, 4), _arr(nt.int32, 4),
+            _arr(F, 4), _arr(F, 3), _arr(F, 5), _arr(F, 4),
+            _arr(nt.float64, 4))  # fmt: skip
+
+
+def _raster_2dgs_common(F):
+    b, i64, i32 = nt.boolean, nt.int64, nt.int32
+    return (_arr(F, 2), _arr(F, 3), _arr(F, 2), _arr(F, 1), _arr(F, 2), _arr(F, 2), _arr(F, 2),
+            b, _arr(b, 3), b, i64, i64, _arr(i32, 1), _arr(i32, 1), i64, i64,
+            i64)  # fmt: skip
+
+
+def _raster_2dgs_fwd_args(F):
+    i32 = nt.int32
+    return _raster_2dgs_common(F) + (
+        _arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(F, 3), _arr(i32, 3),
+        _arr(i32, 3), _arr(nt.float64, 3))  # fmt: skip
+
+
+def _raster_2dgs_bwd_args(F):
+    i32 = nt.int32
+    return _raster_2dgs_common(F) + (
+        _arr(F, 3), _arr(i32, 3), _arr(i32, 3), _arr(nt.float64, 3), _arr(F, 4), _arr(F, 4),
+        _arr(F, 4), _arr(F, 4), _arr(F, 4), _arr(nt.float64, 2))  # fmt: skip
+
+
+def _indices_2dgs_args(F):
+    i64, i32 = nt.int64, nt.int32
+    return (i64, i64, _arr(F, 3), _arr(F, 2), _arr(F, 3), _arr(F, 1), _arr(F, 2), _arr(F, 2),
+            i64, i64, i64, _arr(i32, 1), _arr(i32, 1), i64, i64, i64, _arr(i32, 1),
+            _arr(i64, 1), _arr(i64, 1), _arr(i64, 1), _arr(i64, 1))  # fmt: skip
+
+
+TWODGS_KERNELS = ("forward", "backward", "backward_det")
+
+
+def twodgs_raster_spec(kernel: str, tile_size: int, channels: int) -> KernelSpec:
+    """A 2DGS rasterization kernel (``TWODGS_KERNELS``) in any configuration the launchers
+    allow; its block is ``tile_size**2`` threads."""
+    name = f"twodgs_rasterize_{kernel}-t{tile_size}-c{channels}"
+    if kernel == "forward":
+        return KernelSpec(name, lambda ft: make_rasterize_2dgs_fwd(ft, tile_size, channels),
+                          _raster_2dgs_fwd_args, float64_inside=True)
+    if kernel in ("backward", "backward_det"):
+        det = kernel == "backward_det"
+        return KernelSpec(
+            name, lambda ft: make_rasterize_2dgs_bwd(ft, tile_size, channels, det),
+            _raster_2dgs_bwd_args, float64_inside=True)
+    raise ValueError(f"kernel must be one of {TWODGS_KERNELS}, got {kernel!r}")
+
+
 KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS), _fwd_args),
     KernelSpec("rasterize_fwd_keep_sum",
@@ -169,6 +235,18 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("covar_bwd", make_covar_bwd, _covar_bwd_args),
     KernelSpec("sh_fwd", make_sh_fwd, _sh_fwd_args),
     KernelSpec("sh_bwd", make_sh_bwd, _sh_bwd_args),
+    # 2DGS (surfels); channels 4: RGB + depth, as the trainer renders them
+    KernelSpec("twodgs_projection_fwd", make_projection_2dgs_fwd, _proj_2dgs_fwd_args,
+               float64_inside=True),
+    KernelSpec("twodgs_projection_bwd", make_projection_2dgs_bwd, _proj_2dgs_bwd_args,
+               float64_inside=True),
+    twodgs_raster_spec("forward", TILE, CHANNELS + 1),
+    twodgs_raster_spec("backward", TILE, CHANNELS + 1),
+    twodgs_raster_spec("backward_det", TILE, CHANNELS + 1),
+    KernelSpec("twodgs_indices_count", lambda ft: make_indices_2dgs(ft, TILE, False),
+               _indices_2dgs_args, float64_inside=True),
+    KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE, True),
+               _indices_2dgs_args, float64_inside=True),
 )
 
 
