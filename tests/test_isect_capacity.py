@@ -127,6 +127,28 @@ if not INNER:
         assert meta["isect_ids"].shape == (_exact_count(meta),)
         assert bool((meta["isect_ids"] >= 0).all())
 
+    @pytest.mark.parametrize("backend", ["torch", "cpu"])
+    def test_the_public_offsets_op_takes_lists_at_a_capacity(backend):
+        """A direct ``isect_offset_encode`` call (validated; 2DGS's pipeline calls it so) of
+        lists with unused slots: the offsets of the exact lists, shifted past the slots."""
+        from tilesplat.backends.torch.intersect import isect_tiles as reference
+
+        tensors, viewmats, Ks = _scene("torch")
+        meta = _render(tensors, viewmats, Ks, "torch")[3]
+        exact = tilesplat.isect_offset_encode(meta["isect_ids"], 2, meta["tile_width"],
+                                              meta["tile_height"], backend=backend)
+        n = meta["isect_ids"].numel()
+        keys = torch.cat([torch.full((5,), -1, dtype=torch.int64), meta["isect_ids"]])
+        shifted = tilesplat.isect_offset_encode(keys, 2, meta["tile_width"],
+                                                meta["tile_height"], backend=backend)
+        assert torch.equal(shifted, exact + 5)
+        assert reference.takes_capacity and n > 0
+        bad = keys.clone()
+        bad[0] = -2
+        with pytest.raises(ValueError, match="negative keys other than -1"):
+            tilesplat.isect_offset_encode(bad, 2, meta["tile_width"], meta["tile_height"],
+                                          backend=backend)
+
     def test_a_capacity_must_be_positive():
         for bad in (0, -3, 2.5, True):
             with pytest.raises(ValueError, match="capacity must be a positive int"):

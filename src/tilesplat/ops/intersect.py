@@ -142,15 +142,21 @@ def isect_offset_encode(
     if isect_ids.numel() and not values_trusted():  # isect_tiles' output: not read again
         if bool((isect_ids[1:] < isect_ids[:-1]).any()):
             raise ValueError("expected isect_ids sorted ascending (isect_tiles(sort=True))")
-        bits = (tile_width * tile_height).bit_length()
-        # sorted: the first and last keys bound the images
-        first_img, last_img = (int(isect_ids[i]) >> 32 >> bits for i in (0, -1))
-        if first_img < 0 or last_img >= n_images:
-            raise ValueError(f"isect_ids name images outside [0, {n_images})")
-        tile = (isect_ids >> 32) & ((1 << bits) - 1)
-        if int(tile.max()) >= tile_width * tile_height:
-            raise ValueError(
-                f"isect_ids name tiles outside the {tile_width}×{tile_height} grid"
-            )
+        # keys -1 are the unused slots of lists at a capacity (sorted first): no tile's
+        unused = int((isect_ids == -1).sum())
+        if int((isect_ids < 0).sum()) != unused:
+            raise ValueError("isect_ids hold negative keys other than -1 (an unused slot)")
+        keys = isect_ids[unused:]
+        if keys.numel():
+            bits = (tile_width * tile_height).bit_length()
+            # sorted: the first and last keys bound the images
+            first_img, last_img = (int(keys[i]) >> 32 >> bits for i in (0, -1))
+            if first_img < 0 or last_img >= n_images:
+                raise ValueError(f"isect_ids name images outside [0, {n_images})")
+            tile = (keys >> 32) & ((1 << bits) - 1)
+            if int(tile.max()) >= tile_width * tile_height:
+                raise ValueError(
+                    f"isect_ids name tiles outside the {tile_width}×{tile_height} grid"
+                )
     _, impl = resolve("isect_offset_encode", isect_ids.device, backend)
     return impl(isect_ids.contiguous(), n_images, tile_width, tile_height)

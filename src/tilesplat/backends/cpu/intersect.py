@@ -178,17 +178,21 @@ def unsorted_kernel(
 
 @njit(cache=True, error_model="numpy")
 def offset_kernel(isect_ids, tile_bits, n_tiles, offsets):
-    """offsets [I*T]: exclusive prefix sum of the per-tile counts of the sorted keys."""
+    """offsets [I*T]: exclusive prefix sum of the per-tile counts of the sorted keys, after
+    the keys -1 (the unused slots of lists at a capacity, sorted first)."""
     offsets[:] = 0
     mask = (np.int64(1) << tile_bits) - 1
     n_all = offsets.shape[0]
     counts = np.zeros(n_all + 1, np.int64)
+    run = np.int64(0)
     for j in range(isect_ids.shape[0]):
+        if isect_ids[j] < 0:
+            run += 1
+            continue
         high = isect_ids[j] >> 32
         flat = (high >> tile_bits) * n_tiles + (high & mask)
         if flat < n_all:
             counts[flat] += 1
-    run = np.int64(0)
     for t in range(n_all):
         offsets[t] = run
         run += counts[t]
