@@ -18,7 +18,10 @@ step (the kernels' device time in ``torch.profiler``), the sync tax (wall minus 
 syncs per step (``torch.cuda.set_sync_debug_mode``), numba launches per step and aten ops per
 step (a TorchDispatchMode: what PyTorch launches). Then parity: the capacity and graph modes
 train the same seed for ``--parity-steps`` steps with ``deterministic = true``: the largest
-parameter difference and both test PSNRs. Writes ``OUT/gpu_step.json`` and ``OUT/gpu_step.md``
+parameter difference and both test PSNRs. Last, the bench's step (``bench.stages.TrainStep``)
+on ``garden`` and ``synthetic:400000:800x800`` (the 4 ms target's scenes), eager exact, eager
+at a capacity and replayed as a graph: wall and GPU-busy ms and the graph's parity
+(:func:`bench_step`). Writes ``OUT/gpu_step.json`` and ``OUT/gpu_step.md``
 after every mode, so a run cut short keeps what it had. Under the simulator the graph mode
 is reported as unavailable (with the trainer's reason) and the device times are absent.
 """
@@ -36,6 +39,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
+BENCH_SCENES = ("garden", "synthetic:400000:800x800")  # the 4 ms target's scenes
 MODES = {"exact": {"isect_capacity": "exact", "cuda_graph": False},
          "capacity": {"isect_capacity": "auto", "cuda_graph": False},
          "graph": {"isect_capacity": "auto", "cuda_graph": True}}
@@ -166,6 +170,104 @@ def parity(folder: str, tmp: str, steps: int, tiny: bool) -> dict[str, Any]:
     return res
 
 
+class _NoTimer:
+    def stage(self, name: str) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def bench_step(scene_name: str, steps: int, tiny: bool) -> dict[str, Any]:
+    """The bench's training step (``bench.stages.TrainStep``: rasterization forward, backward
+    and Adam, the 4 ms target's step) on a bench scene (``garden``,
+    ``synthetic:400000:800x800``) in the three modes: eager with exact lists, eager at a
+    capacity (1.15 x the exact count), and the capacity step replayed as a CUDA graph; wall
+    and GPU-busy ms per step, and the parity of one graphed step against one eager step from
+    the same state (the largest relative parameter difference)."""
+    import torch
+
+    from tilesplat.bench.arms import parse_arm
+    from tilesplat.bench.stages import TrainStep, make_inputs, upstream_gradient
+    from tilesplat.data.scenes import load_scene
+    from tilesplat.ops.deferred_checks import FiniteFlag, deferred_finite_checks
+    from tilesplat.ops.intersect_capacity import IsectCapacity, intersection_capacity
+    from tilesplat.train.cuda_graph import CudaGraphMaker, graph_unavailable, use_rate_tensors
+
+    arm = parse_arm("cuda:per_pixel")
+    scene = load_scene(scene_name)
+    inp = make_inputs(scene, arm, 3, 16, upstream_gradient(scene, 0))
+    step = TrainStep(inp, arm)
+    out: dict[str, Any] = {"scene": scene_name, "steps": steps}
+    cuda = torch.cuda.is_available()
+
+    def timed(fn: Any) -> dict[str, Any]:
+        for _ in range(1 if tiny else 3):
+            fn()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        _sync()
+        res: dict[str, Any] = {"wall_ms": (time.perf_counter() - t0) / steps * 1e3}
+        if cuda:
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts) as prof:
+                for _ in range(steps):
+                    fn()
+                _sync()
+            busy = sum(e.self_device_time_total for e in prof.key_averages()
+                       if e.self_device_time_total > 0)
+            res["gpu_busy_ms"] = busy / steps / 1e3
+            res["wall_over_busy"] = res["wall_ms"] / max(res["gpu_busy_ms"], 1e-9)
+        return res
+
+    out["exact"] = timed(lambda: step(_NoTimer()))
+    from tilesplat import rasterization
+
+    with torch.no_grad():
+        p = step.params
+        _, _, meta = rasterization(
+            p["means"], p["quats"], torch.exp(p["log_scales"]),
+            torch.sigmoid(p["logit_opacities"]), torch.cat([p["sh0"], p["shN"]], dim=1),
+            inp.viewmats, inp.Ks, inp.width, inp.height, sh_degree=inp.sh_degree,
+            tile_size=inp.tile_size, backend="cuda")
+    capacity = IsectCapacity(max(1, int(1.15 * int(meta["tiles_per_gauss"].sum()))))
+    out["capacity_size"] = capacity.size
+
+    def at_capacity() -> FiniteFlag:
+        flag = FiniteFlag()
+        with deferred_finite_checks(flag), intersection_capacity(capacity):
+            step(_NoTimer())
+        return flag
+
+    out["capacity"] = timed(at_capacity)
+    why_not = graph_unavailable(arm.torch_device, True)
+    if why_not is not None:
+        out["graph"] = {"unavailable": why_not}
+        return out
+    use_rate_tensors({"all": step.optimizer}, arm.torch_device)
+    for _ in range(3):  # warm: every kernel compiled, the allocator warm
+        at_capacity()
+    replay = CudaGraphMaker().capture(at_capacity)
+    out["graph"] = timed(replay)
+    # parity: one eager step and one replay from the same state
+    state = [t for t in step.params.values()]
+    state += [v for st in step.optimizer.state.values() for v in st.values()
+              if isinstance(v, torch.Tensor)]
+    saved = [t.detach().clone() for t in state]
+    at_capacity()
+    eager = {k: t.detach().clone() for k, t in step.params.items()}
+    with torch.no_grad():
+        for t, s0 in zip(state, saved, strict=True):
+            t.copy_(s0)
+    replay()
+    _sync()
+    out["parity_max_rel"] = max(
+        float((step.params[k] - eager[k]).abs().max()
+               / eager[k].abs().max().clamp_min(1e-12)) for k in eager)
+    return out
+
+
 def _table(report: dict[str, Any]) -> str:
     def f(v: Any, d: int = 3) -> str:
         return "—" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))
@@ -184,6 +286,9 @@ def _table(report: dict[str, Any]) -> str:
     p = report.get("parity")
     if p:
         rows += ["", f"Parity, {p['steps']} steps, deterministic: {json.dumps(p)}"]
+    for b in report.get("bench_steps", []):
+        rows += ["", f"Bench step on {b.get('scene')}: " + json.dumps(
+            {k: v for k, v in b.items() if k != "traceback"}, default=str)]
     return "\n".join(rows)
 
 
@@ -221,6 +326,14 @@ def run(out: str, tiny: bool, steps: int, parity_steps: int) -> dict[str, Any]:
         except Exception:
             report["parity"] = {"steps": parity_steps, "failed": traceback.format_exc()}
         _write(out, report)
+    report["bench_steps"] = []
+    for scene in (("synthetic:20:16x16",) if tiny else BENCH_SCENES):
+        try:
+            report["bench_steps"].append(bench_step(scene, 2 if tiny else 20, tiny))
+        except Exception:
+            report["bench_steps"].append({"scene": scene, "failed": True,
+                                          "traceback": traceback.format_exc()})
+        _write(out, report)
     return report
 
 
@@ -236,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.out, args.tiny, steps, parity_steps)
     print(_table(report), flush=True)
     failed = [m for m in report["modes"] if m.get("unavailable") == "failed"]
+    failed += [b for b in report["bench_steps"] if b.get("failed")]
     for m in failed:
         print(m["traceback"], flush=True)
     return 1 if failed or "failed" in report.get("parity", {}) else 0
