@@ -228,7 +228,7 @@ if not INNER:
             cap.begin_step(flag)
             with deferred_finite_checks(flag):
                 cap.current.observe(torch.tensor(count))
-            cap.end_step(flag)
+            cap.end_step()
             flags.append(flag.bad_names())
         assert flags == [[OVERFLOW], [BLOCKED], [BLOCKED]]
         assert all(overflowed(f) for f in flags) and not overflowed([]) and not overflowed(

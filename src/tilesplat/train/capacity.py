@@ -94,9 +94,8 @@ class StepCapacity:
         if self.current is not None:
             self.current.new_step()
 
-    def end_step(self, flag: FiniteFlag) -> None:
+    def end_step(self) -> None:
         """Make the step's overflow sticky (no host read)."""
-        del flag
         cap = self.current
         if cap is not None and cap.overflow is not None:
             self.blocked |= cap.overflow  # in place: a CUDA graph replays it

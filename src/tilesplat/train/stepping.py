@@ -149,7 +149,7 @@ class StepRunner:
                 set_rates=set_rates,
             )
         if self.capacity is not None:
-            self.capacity.end_step(finite)
+            self.capacity.end_step()
         return Attempt(step, batch, finite, res)
 
     def _finish(self, attempt: Attempt) -> None:
