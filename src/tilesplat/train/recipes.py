@@ -9,8 +9,9 @@ them back.
 
 - ``3dgs``: the paper's recipe, as gsplat's simple trainer (the defaults).
 - ``fast``: the same quality in less time (docs/training.md, "The fast recipe"): coarse
-  images first (the resolution schedule), densification early and often, twice the learning
-  rates, the SH degree raised every 250 steps.
+  images first (the resolution schedule), densification early and often by the absolute
+  screen-space gradient (AbsGS) from fewer random initial points, twice the learning rates,
+  the SH degree raised every 250 steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ FAST: dict[str, Any] = {
     "refine_start": 100,
     "refine_stop": 700,
     "refine_every": 50,
+    # grow by the absolute screen-space gradient (AbsGS) at its threshold: fewer Gaussians
+    # (10,000 instead of 19,000 on the built-in scene), each step cheaper, the same quality
+    "absgrad": True,
+    "grow_grad2d": 8e-4,
+    # a random initialisation of 3,000 points instead of 10,000 (pruned to ~2,900 by step
+    # 300 either way): the first steps cost less (a dataset's own points are unaffected)
+    "init_points": 3000,
     # the SH degree raised every 250 steps (degree 3 by step 750)
     "sh_degree_interval": 250,
     # twice the learning rates
