@@ -92,6 +92,20 @@ def test_a_recipe_sets_its_keys_before_the_others():
         apply_overrides(TrainConfig(), ["recipe=slow"])
 
 
+def test_the_fast_recipe_grows_by_the_absolute_gradient_from_fewer_points():
+    from tilesplat.train import seams
+
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    assert (fast.absgrad, fast.grow_grad2d, fast.init_points) == (True, 8e-4, 3000)
+    assert seams.strategy(fast).wants_absgrad()  # the render computes what the growth reads
+    back = apply_overrides(fast, ["recipe=3dgs"])
+    defaults = TrainConfig()
+    assert (back.absgrad, back.grow_grad2d, back.init_points) == (
+        defaults.absgrad, defaults.grow_grad2d, defaults.init_points)
+    plain = apply_overrides(TrainConfig(), ["recipe=fast", "absgrad=false", "grow_grad2d=2e-4"])
+    assert not plain.absgrad and plain.refine_every == FAST["refine_every"]
+
+
 def _grow_once(strategy, n=100, n_high=40, step=10):
     """One refinement of ``strategy`` on n Gaussians, n_high of them above the threshold."""
     from tilesplat.train.splats import make_optimizers, make_params
