@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 FAST: dict[str, Any] = {
-    # coarse images first: over 3000 steps, 1/4 size until step 150, 1/2 until 300, then
-    # full (DashGaussian)
+    # coarse images first: over 3000 steps, 1/4 size until step 200, 1/2 until 400, then
+    # full (DashGaussian): the coarse steps cost a fraction of a full one while the set of
+    # Gaussians still grows
     "resolution_start": 4,
-    "resolution_full_at": 0.15,
+    "resolution_full_at": 0.2,
     # densify from step 100 to 700, every 50 steps: the set of Gaussians is whole early
     "refine_start": 100,
     "refine_stop": 700,
