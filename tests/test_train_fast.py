@@ -82,6 +82,7 @@ def test_a_recipe_sets_its_keys_before_the_others():
     assert fast.refine_start == FAST["refine_start"] and fast.means_lr == FAST["means_lr"]
     back = apply_overrides(fast, ["recipe=3dgs"])
     assert back.refine_start == 500 and back.means_lr == TrainConfig().means_lr
+    assert (fast.ema_decay, back.ema_decay) == (FAST["ema_decay"], 0.0)  # the average: off
     assert back.resolution_start == 1 == TrainConfig().resolution_start
     # a saved config (every key) loads as it was saved
     import dataclasses

@@ -40,11 +40,12 @@ def _gsplat(path: Path) -> Model:
 def _tilesplat(path: Path) -> Model:
     import torch
 
+    from ..train.checkpoint import served_params
     from ..train.models import model_kind
     from ..train.run import open_checkpoint
 
     rc = open_checkpoint(path)
-    p = {k: v.detach().float() for k, v in rc.ckpt["params"].items()}
+    p = {k: v.detach().float() for k, v in served_params(rc.ckpt).items()}
     p = model_kind(rc.cfg).export(p)  # as the run's PLY holds them (2DGS: flat third scale)
     gaussians = {
         "means": p["means"],

@@ -10,6 +10,7 @@ The variants a config chooses (model kind, strategy, parallel mode) sit behind s
 # register the variants behind the seams and the features' config checks
 from . import (  # noqa: F401
     appearance,
+    averaging,
     depth_loss,
     determinism,
     early_stop,

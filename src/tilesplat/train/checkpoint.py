@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 # One atomic writer for every file a run writes (mode from the umask): io/atomic.py.
 from ..io.atomic import atomic_write_bytes
@@ -83,3 +84,26 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     """Delete all but the ``keep`` newest checkpoints."""
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
+
+
+def served_params(ckpt: dict[str, Any]) -> dict[str, Tensor]:
+    """The parameters a checkpoint's run evaluates, renders and exports: its averaged model
+    (``ema_decay``, ``train/averaging.py``) where it keeps one, else the trained parameters.
+
+    Raises:
+        ValueError: the averaged model's names or shapes differ from the parameters'.
+    """
+    params = ckpt["params"]
+    averaged = ckpt.get("averaged")
+    if not averaged:
+        return params
+    saved = averaged.get("params") if isinstance(averaged, dict) else None
+    if not isinstance(saved, dict) or not isinstance(params, dict) or saved.keys() != params.keys():
+        raise ValueError("the checkpoint's averaged model (ema_decay) does not match its "
+                         "parameters' names")
+    for k, p in params.items():
+        v = saved[k]
+        if not isinstance(v, Tensor) or not isinstance(p, Tensor) or v.shape != p.shape:
+            raise ValueError(f"the checkpoint's averaged {k} (ema_decay) does not have the "
+                             "shape of its parameter")
+    return saved

@@ -231,6 +231,13 @@ class TrainConfig:
     sh0_lr: float = _f(2.5e-3, "Adam learning rate of the SH degree-0 coefficients", "optim")
     shN_lr: float = _f(2.5e-3 / 20, "Adam learning rate of the higher SH coefficients", "optim")
     ssim_lambda: float = _f(0.2, "loss = (1 - l) * L1 + l * (1 - SSIM)", "optim")
+    ema_decay: float = _f(
+        0.0,
+        "evaluate, render and export an exponential moving average of the Gaussians' "
+        "parameters, keeping this share of it each step (restarted whenever the strategy "
+        "edits the Gaussians; train/averaging.py); 0: the parameters of the last step",
+        "optim",
+    )
     opacity_reg: float = _f(
         AUTO,
         "weight of mean(opacity) in the loss; -1: the strategy's (default 0, mcmc 0.01)",

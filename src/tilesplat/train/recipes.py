@@ -10,8 +10,9 @@ them back.
 - ``3dgs``: the paper's recipe, as gsplat's simple trainer (the defaults).
 - ``fast``: the same quality in less time (docs/training.md, "The fast recipe"): coarse
   images first (the resolution schedule), densification early and often by the absolute
-  screen-space gradient (AbsGS) from fewer random initial points, twice the learning rates,
-  the SH degree raised every 250 steps.
+  screen-space gradient (AbsGS) from fewer random initial points, the SH degree raised every
+  250 steps, three times the learning rates, and the moving average of the parameters as the
+  model (``ema_decay``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,17 @@ FAST: dict[str, Any] = {
     "init_points": 3000,
     # the SH degree raised every 250 steps (degree 3 by step 750)
     "sh_degree_interval": 250,
-    # twice the learning rates
-    "means_lr": 3.2e-4,
-    "scales_lr": 1e-2,
-    "quats_lr": 2e-3,
-    "opacities_lr": 0.1,
-    "sh0_lr": 5e-3,
-    "shN_lr": 2.5e-4,
+    # three times the learning rates, and the model evaluated and exported is the moving
+    # average of the parameters over ~50 steps (train/averaging.py), which takes out the
+    # jitter of the higher rates: 35.2 dB on the built-in scene at ~1,100 steps instead of
+    # ~1,400 (twice the rates, no average)
+    "means_lr": 4.8e-4,
+    "scales_lr": 1.5e-2,
+    "quats_lr": 3e-3,
+    "opacities_lr": 0.15,
+    "sh0_lr": 7.5e-3,
+    "shN_lr": 3.75e-4,
+    "ema_decay": 0.98,
 }
 
 # recipe -> its table; "3dgs" is filled with the defaults of every key another recipe sets

@@ -29,7 +29,13 @@ import torch
 from torch import Tensor
 
 from ..data.dataset import SceneDataset, load_dataset
-from .checkpoint import atomic_write_bytes, latest_checkpoint, list_checkpoints, load_checkpoint
+from .checkpoint import (
+    atomic_write_bytes,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    served_params,
+)
 from .config import TrainConfig, apply_overrides, load_config, save_config
 from .evaluate import METRICS, evaluate
 from .features import checkpoint_features, trained_dataset
@@ -244,7 +250,7 @@ def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDat
             ) -> dict[str, Any]:
     """The run's outputs, written by the process that holds the whole model (rank 0 of a
     job, after gathering a model-parallel job's shards); {} on the other ranks."""
-    params = trainer.full_params()
+    params = trainer.served_params()
     if not trainer.writes or params is None:
         return {}
     dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
@@ -288,7 +294,7 @@ def resume_run(
 def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
     """(config, parameters, checkpoint) of a run's newest checkpoint."""
     ckpt = load_checkpoint(latest_checkpoint(run_dir))
-    params = {k: v.float() for k, v in ckpt["params"].items()}
+    params = {k: v.float() for k, v in served_params(ckpt).items()}
     return checkpoint_config(ckpt), params, ckpt
 
 
@@ -342,6 +348,8 @@ def open_checkpoint(target: str | Path) -> RunCheckpoint:
         raise ValueError(f"{path}: scene_scale must be a number > 0, got {scale!r}")
     try:
         n = check_params(ckpt["params"], cfg.sh_degree)
+        if check_params(served_params(ckpt), cfg.sh_degree) != n:
+            raise ValueError("the averaged model (ema_decay) has another Gaussian count")
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     if not isinstance(ckpt.get("optimizers"), dict):

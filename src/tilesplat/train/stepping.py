@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..ops.deferred_checks import FiniteFlag, FlagRead
 from ..ops.intersect_capacity import OVERFLOW, intersection_capacity
+from .averaging import ParamAverage
 from .capacity import BLOCKED, StepCapacity, count_views, overflowed
 from .cuda_graph import StepGraph, use_rate_tensors
 from .masks import squared_error as masked_error
@@ -52,6 +53,7 @@ class StepRunner:
     parameters, optimisers, strategy, parallel mode, capacity and graph)."""
 
     capacity: StepCapacity | None
+    average: ParamAverage | None
     graph: StepGraph | None
     _unchecked: Attempt | None
 
@@ -165,6 +167,11 @@ class StepRunner:
                                     info, packed=cfg.packed,
                                     lr=means_rate(cfg, self.scene_scale, step))
         self.parallel.after_step(self.params, self.optimizers, self.strategy_state, step)
+        if self.average is not None:  # after the strategy's edits, which restart it
+            # where a step can be skipped on the device and redone (an overflow of the
+            # capacity), the skipped one leaves the average as it is
+            skipped = None if self.capacity is None else attempt.finite.found_inf(self.device)
+            self.average.update(self.params, skipped)
         attempt.read = attempt.finite.start_read()
 
     def _check(self, attempt: Attempt) -> bool:

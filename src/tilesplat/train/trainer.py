@@ -26,6 +26,7 @@ from torch import Tensor
 from ..data.dataset import SceneDataset
 from ..devices import to_device
 from . import seams
+from .averaging import param_average
 from .capacity import StepCapacity, capacity_applies
 from .checkpoint import checkpoint_path, prune_checkpoints, save_checkpoint
 from .config import TrainConfig, config_from_dict
@@ -97,6 +98,7 @@ class Trainer(StepRunner):
         # the features the config switches on (train/features.py), before a checkpoint's
         # state is loaded into them
         self.features = build_features(cfg, dataset, self.device)
+        self.average = param_average(cfg)  # the averaged model (ema_decay), or None
         if checkpoint is None:
             torch.manual_seed(cfg.seed)  # on the CPU and every GPU
             # drawn on the CPU, so that every device starts from the same Gaussians
@@ -153,6 +155,13 @@ class Trainer(StepRunner):
         its other ranks; every rank must call it)."""
         return self.parallel.full_params(self.params, self.optimizers, self.strategy_state)
 
+    def served_params(self) -> dict[str, Tensor] | None:
+        """The parameters the run evaluates, renders and exports: the averaged model
+        (``ema_decay``, ``averaging.py``) when there is one, else :meth:`full_params`."""
+        if self.average is not None:  # not model-parallel: this rank holds every Gaussian
+            return self.average.served(self.params)
+        return self.full_params()
+
     def state_dict(self) -> dict[str, Any] | None:
         """Everything the next step depends on, loadable with ``weights_only=True`` (the whole
         model; None on the ranks > 0 of a model-parallel job, which must call it too). Its
@@ -178,6 +187,8 @@ class Trainer(StepRunner):
             "scene_scale": self.scene_scale,
             "features": features_state(self.features),
         }
+        if self.average is not None:
+            state["averaged"] = self.average.state_dict()
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         return state
@@ -194,6 +205,8 @@ class Trainer(StepRunner):
         self.training_log = TrainingLog(ckpt["history"], ckpt["window"])
         self.elapsed = float(ckpt["elapsed"])
         load_features_state(self.features, ckpt.get("features"))
+        if self.average is not None:
+            self.average.load_state_dict(ckpt.get("averaged"), self.params)
         torch.set_rng_state(ckpt["rng"])
         if self.device.type == "cuda":
             # the GPU's noise (splits, MCMC) continues where it stopped; a checkpoint from the
@@ -234,7 +247,7 @@ class Trainer(StepRunner):
         > 0 of a model-parallel job (rank 0 evaluates the gathered model)."""
         from .evaluate import evaluate
 
-        params = self.full_params()
+        params = self.served_params()
         if params is None:
             return float("nan")
         frames = self.dataset.test or trained_dataset(self.features, self.dataset).train
