@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
+from tilesplat.train.averaging import ParamAverage
 from tilesplat.train.config import TrainConfig
 from tilesplat.train.trainer import Trainer
 
@@ -162,8 +163,19 @@ else:
         assert trainer.capacity.measured == 1 and trainer.capacity.grown == 0
         assert len([s for s in lines if "cuda_graph" in s]) == 1  # not repeated per step
 
+        # the averaged model (ema_decay) takes a skipped step's flag from the device at a
+        # capacity (train/averaging.py): still nothing read back
+        trainer.average = ParamAverage(0.9)
+        trainer.train_step(2)  # the average starts from the parameters
+        before = {k: v.clone() for k, v in trainer.served_params().items()}
+        assert _reads(trainer, 3).sites == {}
+        after = trainer.served_params()
+        for k, p in trainer.params.items():  # 0.9 of the average, 0.1 of the parameters
+            torch.testing.assert_close(after[k], 0.9 * before[k] + 0.1 * p.detach())
+        trainer.average = None
+
         trainer.capacity = None  # exact mode (isect_capacity = "exact") from here on
-        sites = _reads(trainer, 2).sites
+        sites = _reads(trainer, 4).sites
         assert sum(sites.values()) == 1, sites
         ((name, where),) = sites
         assert name == "_local_scalar_dense" and "backends/cuda/intersect.py" in where, where
