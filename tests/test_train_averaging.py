@@ -108,12 +108,14 @@ def test_a_checkpoints_average_is_checked_when_loaded():
     other = ParamAverage(0.5)
     other.load_state_dict(state, p)
     assert torch.equal(other.served(p)["means"], avg.served(p)["means"])
-    with pytest.raises(ValueError, match=r"averaged means is \(2, 3\), the model's is \(3, 3\)"):
+    shape = r"averaged means \(ema_decay\) is \(2, 3\), its parameter is \(3, 3\)"
+    with pytest.raises(ValueError, match=shape):
         other.load_state_dict({"params": dict(state["params"], means=torch.zeros(2, 3))}, p)
-    with pytest.raises(ValueError, match="averaged opacities is not finite"):
+    with pytest.raises(ValueError, match=r"averaged opacities \(ema_decay\) is not finite"):
         bad = dict(state["params"], opacities=torch.full((3,), float("nan")))
         other.load_state_dict({"params": bad}, p)
-    with pytest.raises(ValueError, match="averaged model has"):
+    names = r"averaged model \(ema_decay\) has \['means'\], its parameters are"
+    with pytest.raises(ValueError, match=names):
         other.load_state_dict({"params": {"means": state["params"]["means"]}}, p)
     with pytest.raises(ValueError, match="malformed"):
         other.load_state_dict({"params": [1, 2]}, p)
@@ -185,6 +187,11 @@ def test_the_run_evaluates_exports_and_resumes_the_average(tiny_scene, tmp_path)
     again = resumed.state_dict()["averaged"]["params"]
     for k in averaged:
         assert torch.equal(again[k], averaged[k]), k
+    # a checkpoint whose average does not fit its parameters is refused, naming it
+    bad = dict(ckpt, averaged={"params": dict(averaged, quats=averaged["quats"][:-1])})
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"bad.pt: the checkpoint's averaged quats \(ema_decay\)"):
+        open_checkpoint(tmp_path / "bad.pt")
 
 
 def test_a_run_without_it_keeps_no_average_and_trains_alike(tiny_scene, tmp_path):

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from . import seams
+from .checkpoint import served_params
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -121,24 +122,15 @@ class ParamAverage:
         if not state:
             self.average, self._follows, self.steps = None, {}, 0
             return
-        if not isinstance(state, dict) or not isinstance(state.get("params"), dict):
-            raise ValueError("ema_decay: the checkpoint's averaged model is malformed")
-        saved = state["params"]
-        if saved.keys() != params.keys():
-            raise ValueError(
-                f"ema_decay: the checkpoint's averaged model has {sorted(saved)}, the model "
-                f"has {sorted(params)}"
-            )
+        if not isinstance(state, dict):
+            raise ValueError("the checkpoint's averaged model (ema_decay) is malformed")
+        # the names and shapes, as a render of the checkpoint checks them
+        saved = served_params({"params": params, "averaged": state})
         average = {}
         for k, p in params.items():
-            v = saved[k]
-            if not isinstance(v, Tensor) or v.shape != p.shape:
-                got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-                raise ValueError(f"ema_decay: the checkpoint's averaged {k} is {got}, the "
-                                 f"model's is {tuple(p.shape)}")
-            if not bool(torch.isfinite(v).all()):
-                raise ValueError(f"ema_decay: the checkpoint's averaged {k} is not finite")
-            average[k] = v.to(device=p.device, dtype=p.dtype).clone()
+            if not bool(torch.isfinite(saved[k]).all()):
+                raise ValueError(f"the checkpoint's averaged {k} (ema_decay) is not finite")
+            average[k] = saved[k].to(device=p.device, dtype=p.dtype).clone()
         steps = state.get("steps", 0)
         self.average, self._follows = average, dict(params)
         self.steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else 0

@@ -98,12 +98,16 @@ def served_params(ckpt: dict[str, Any]) -> dict[str, Tensor]:
     if not averaged:
         return params
     saved = averaged.get("params") if isinstance(averaged, dict) else None
-    if not isinstance(saved, dict) or not isinstance(params, dict) or saved.keys() != params.keys():
-        raise ValueError("the checkpoint's averaged model (ema_decay) does not match its "
-                         "parameters' names")
+    if not isinstance(saved, dict) or not isinstance(params, dict):
+        raise ValueError("the checkpoint's averaged model (ema_decay) is malformed")
+    if saved.keys() != params.keys():
+        raise ValueError(f"the checkpoint's averaged model (ema_decay) has {sorted(saved)}, "
+                         f"its parameters are {sorted(params)}")
     for k, p in params.items():
         v = saved[k]
-        if not isinstance(v, Tensor) or not isinstance(p, Tensor) or v.shape != p.shape:
-            raise ValueError(f"the checkpoint's averaged {k} (ema_decay) does not have the "
-                             "shape of its parameter")
+        want = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+        if not isinstance(v, Tensor) or tuple(v.shape) != want:
+            got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+            raise ValueError(f"the checkpoint's averaged {k} (ema_decay) is {got}, its "
+                             f"parameter is {want}")
     return saved
