@@ -62,10 +62,14 @@ class ParamAverage:
         self.steps = 0  # updates since the last restart
 
     def _restart(self, params: dict[str, Tensor]) -> None:
-        with torch.no_grad():
-            self.average = {k: p.detach().clone() for k, p in params.items()}
+        self.average = {k: p.detach().clone() for k, p in params.items()}
         self._follows = dict(params)
         self.steps = 0
+
+    def _follows_params(self, params: dict[str, Tensor]) -> bool:
+        """Whether the average is of ``params``: the same names, the same tensors."""
+        return (self.average is not None and self._follows.keys() == params.keys()
+                and all(params[k] is self._follows[k] for k in params))
 
     def update(self, params: dict[str, Tensor], skipped: Tensor | None = None) -> None:
         """Average in ``params`` (each [N, ...]) after a step; restart from them when the
@@ -77,11 +81,10 @@ class ParamAverage:
                 update was skipped there (the average then stays as it is), or None when
                 no step is skipped (no host read either way).
         """
-        if self.average is None or self._follows.keys() != params.keys() or any(
-            params[k] is not self._follows[k] for k in params
-        ):
+        if not self._follows_params(params):
             self._restart(params)
             return
+        assert self.average is not None
         avg = list(self.average.values())
         cur = [params[k].detach() for k in self.average]
         with torch.no_grad():
@@ -97,9 +100,7 @@ class ParamAverage:
         """The parameters to evaluate, render and export: the average when it follows
         ``params`` (the same tensors), else ``params`` themselves (before the first update,
         or right after an edit of the strategy)."""
-        if self.average is None or any(
-            self._follows.get(k) is not p for k, p in params.items()
-        ):
+        if self.average is None or not self._follows_params(params):
             return params
         return self.average
 

@@ -348,7 +348,8 @@ def open_checkpoint(target: str | Path) -> RunCheckpoint:
         raise ValueError(f"{path}: scene_scale must be a number > 0, got {scale!r}")
     try:
         n = check_params(ckpt["params"], cfg.sh_degree)
-        if check_params(served_params(ckpt), cfg.sh_degree) != n:
+        served = served_params(ckpt)
+        if served is not ckpt["params"] and check_params(served, cfg.sh_degree) != n:
             raise ValueError("the averaged model (ema_decay) has another Gaussian count")
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
