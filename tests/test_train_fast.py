@@ -107,6 +107,35 @@ def test_the_fast_recipe_grows_by_the_absolute_gradient_from_fewer_points():
     assert not plain.absgrad and plain.refine_every == FAST["refine_every"]
 
 
+def test_the_adam_betas_are_keys_scaled_for_the_batch_as_gsplat_scales_them():
+    from tilesplat.train.splats import adam_betas, make_optimizers, make_params
+
+    # the defaults are gsplat's betas, 1 - B * 0.1 and 1 - B * 0.001, bit for bit
+    for bs in range(1, 13):
+        assert adam_betas(TrainConfig(batch_size=bs)) == (
+            max(0.0, 1.0 - bs * 0.1), max(0.0, 1.0 - bs * 0.001))
+    cfg = TrainConfig(adam_beta1=0.7, adam_beta2=0.99)
+    assert adam_betas(cfg) == (0.7, 0.99)
+    assert adam_betas(TrainConfig(adam_beta1=0.7, adam_beta2=0.99, batch_size=2)) == (0.4, 0.98)
+    assert adam_betas(TrainConfig(adam_beta1=0.7, batch_size=4))[0] == 0.0  # not below 0
+    params = make_params({
+        "means": torch.zeros(2, 3), "scales": torch.zeros(2, 3), "quats": torch.ones(2, 4),
+        "opacities": torch.zeros(2), "sh0": torch.zeros(2, 1, 3), "shN": torch.zeros(2, 0, 3),
+    })
+    optimizers = make_optimizers(params, cfg, 1.0)
+    assert {opt.param_groups[0]["betas"] for opt in optimizers.values()} == {(0.7, 0.99)}
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    assert (fast.adam_beta1, fast.adam_beta2) == (FAST["adam_beta1"], FAST["adam_beta2"])
+    back = apply_overrides(fast, ["recipe=3dgs"])
+    assert (back.adam_beta1, back.adam_beta2) == (0.9, 0.999)
+    for name in ("adam_beta1", "adam_beta2"):
+        for bad in (1.0, -0.1):
+            with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\), got {bad}"):
+                TrainConfig(**{name: bad}).validate()
+        with pytest.raises(ValueError, match=f"{name} must be finite, got nan"):
+            TrainConfig(**{name: float("nan")}).validate()
+
+
 def _grow_once(strategy, n=100, n_high=40, step=10):
     """One refinement of ``strategy`` on n Gaussians, n_high of them above the threshold."""
     from tilesplat.train.splats import make_optimizers, make_params

@@ -231,6 +231,15 @@ class TrainConfig:
     sh0_lr: float = _f(2.5e-3, "Adam learning rate of the SH degree-0 coefficients", "optim")
     shN_lr: float = _f(2.5e-3 / 20, "Adam learning rate of the higher SH coefficients", "optim")
     ssim_lambda: float = _f(0.2, "loss = (1 - l) * L1 + l * (1 - SSIM)", "optim")
+    adam_beta1: float = _f(
+        0.9,
+        "Adam's decay of the first moment of the Gaussians' parameters; a batch of B views "
+        "uses 1 - B * (1 - value), as gsplat scales it",
+        "optim",
+    )
+    adam_beta2: float = _f(
+        0.999, "Adam's decay of the second moment (scaled for the batch like adam_beta1)", "optim"
+    )
     ema_decay: float = _f(
         0.0,
         "evaluate, render and export an exponential moving average of the Gaussians' "
@@ -522,6 +531,9 @@ class TrainConfig:
         need(
             0.0 <= self.ssim_lambda <= 1.0, f"ssim_lambda must be in [0, 1], got {self.ssim_lambda}"
         )
+        for name in ("adam_beta1", "adam_beta2"):
+            beta = getattr(self, name)
+            need(0.0 <= beta < 1.0, f"{name} must be in [0, 1), got {beta}")
         need(
             self.far_plane > self.near_plane,
             f"far_plane ({self.far_plane}) must exceed near_plane ({self.near_plane})",

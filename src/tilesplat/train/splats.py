@@ -91,11 +91,21 @@ def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Opt
         name: torch.optim.Adam(
             [{"params": [params[name]], "lr": lrs[name] * math.sqrt(bs), "name": name}],
             eps=1e-15 / math.sqrt(bs),
-            betas=(max(0.0, 1.0 - bs * 0.1), max(0.0, 1.0 - bs * 0.001)),
+            betas=adam_betas(cfg),
             fused=True,  # one kernel per step: ~6x faster than the per-tensor loop on a CPU
         )
         for name in PARAM_NAMES
     }
+
+
+def adam_betas(cfg: TrainConfig) -> tuple[float, float]:
+    """(beta1, beta2) of the Gaussians' Adams: ``adam_beta1`` and ``adam_beta2`` for a batch
+    of one view, ``1 - B * (1 - beta)`` (at least 0) for a batch of B, as gsplat scales them.
+    ``1 - beta`` is rounded to 12 digits, so that the defaults give gsplat's 0.9 and 0.999
+    exactly, at every batch size."""
+    bs = cfg.batch_size
+    b1, b2 = (max(0.0, 1.0 - bs * round(1.0 - b, 12)) for b in (cfg.adam_beta1, cfg.adam_beta2))
+    return b1, b2
 
 
 def set_learning_rates(
