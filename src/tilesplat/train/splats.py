@@ -87,11 +87,12 @@ def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Opt
     """One Adam per parameter; rates and betas scaled for the batch size as gsplat does."""
     bs = cfg.batch_size
     lrs = base_learning_rates(cfg, scene_scale)
+    betas = adam_betas(cfg)
     return {
         name: torch.optim.Adam(
             [{"params": [params[name]], "lr": lrs[name] * math.sqrt(bs), "name": name}],
             eps=1e-15 / math.sqrt(bs),
-            betas=adam_betas(cfg),
+            betas=betas,
             fused=True,  # one kernel per step: ~6x faster than the per-tensor loop on a CPU
         )
         for name in PARAM_NAMES
