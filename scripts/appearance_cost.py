@@ -16,8 +16,8 @@ import time
 import torch
 
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.run import load_scene
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.scene import load_scene
 
 MODES = ("none", "bilateral_grid", "affine")
 

@@ -240,8 +240,8 @@ def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda",
     import hashlib
 
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.device import training_device
-    from tilesplat.train.run import train_run
+    from tilesplat.train.loop.run import train_run
+    from tilesplat.train.step.device import training_device
 
     keys: dict[str, Any] = {"backend": backend, "steps": steps, "progress": False,
                             "lpips": False, "save_renders": False, "save_ply": False,

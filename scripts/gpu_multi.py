@@ -67,7 +67,7 @@ def _keys(steps: int, backend: str, tiny: bool) -> dict[str, Any]:
 
 def _run_in_process(keys: dict[str, Any], tmp: str, name: str) -> dict[str, Any]:
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.run import train_run
+    from tilesplat.train.loop.run import train_run
 
     cfg = TrainConfig(run_dir=os.path.join(tmp, name), cache_dir=os.path.join(tmp, "cache"),
                       **keys).validate()
@@ -118,8 +118,8 @@ def nccl_one_rank(steps: int, backend: str = "cuda", tiny: bool = False,
     import torch.distributed as dist
 
     from tilesplat.ranks import _free_port
+    from tilesplat.train.loop.trainer import Trainer
     from tilesplat.train.parallel.data import DataParallel
-    from tilesplat.train.trainer import Trainer
 
     keys = _keys(steps, backend, tiny)
     out: dict[str, Any] = {"group": group, "backend": backend, "steps": steps}

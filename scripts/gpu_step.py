@@ -48,7 +48,7 @@ MODES = {"exact": {"isect_capacity": "exact", "cuda_graph": False},
 def _trainer(folder: str, run: str, tiny: bool, log: Any, **keys: Any) -> Any:
     from tilesplat.data.dataset import load_dataset
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     sizes = {"init_points": 50} if tiny else {}  # else the defaults (gpu_check's training)
     cfg = TrainConfig(backend="cuda", steps=100_000, progress=False, lpips=False,
@@ -74,10 +74,10 @@ def measure_mode(folder: str, tmp: str, mode: str, steps: int, warm: int,
 
     lines: list[str] = []
     trainer = _trainer(folder, os.path.join(tmp, mode), tiny, lines.append, **MODES[mode])
-    out: dict[str, Any] = {"mode": mode, "graph": trainer.graph is not None,
-                           "capacity": trainer.capacity is not None,
+    out: dict[str, Any] = {"mode": mode, "graph": trainer.steps.graph is not None,
+                           "capacity": trainer.steps.capacity is not None,
                            "log": [s for s in lines if "cuda_graph" in s]}
-    if mode == "graph" and trainer.graph is None:
+    if mode == "graph" and trainer.steps.graph is None:
         out["unavailable"] = out["log"][0] if out["log"] else "no graph"
         return out
     step = 0
@@ -140,8 +140,8 @@ def measure_mode(folder: str, tmp: str, mode: str, steps: int, warm: int,
         trainer.train_step(step)
     _sync()
     out["aten_ops"] = ops.n
-    if trainer.graph is not None:
-        out["captures"], out["replays"] = trainer.graph.captures, trainer.graph.replays
+    if trainer.steps.graph is not None:
+        out["captures"], out["replays"] = trainer.steps.graph.captures, trainer.steps.graph.replays
     return out
 
 
@@ -154,12 +154,12 @@ def parity(folder: str, tmp: str, steps: int, tiny: bool) -> dict[str, Any]:
     for mode in ("capacity", "graph"):
         t = _trainer(folder, os.path.join(tmp, f"parity-{mode}"), tiny, lambda s: None,
                      deterministic=True, **MODES[mode])
-        if mode == "graph" and t.graph is None:
+        if mode == "graph" and t.steps.graph is None:
             res["unavailable"] = "no graph on this device"
             return res
         for step in range(steps):
             t.train_step(step)
-        t._check_finite_step()
+        t.steps.settle()
         trainers[mode] = t
         res[f"{mode}_psnr"] = t.test_psnr()
     a, b = trainers["capacity"].params, trainers["graph"].params
@@ -191,7 +191,7 @@ def bench_step(scene_name: str, steps: int, tiny: bool) -> dict[str, Any]:
     from tilesplat.data.scenes import load_scene
     from tilesplat.ops.deferred_checks import FiniteFlag, deferred_finite_checks
     from tilesplat.ops.intersect_capacity import IsectCapacity, intersection_capacity
-    from tilesplat.train.cuda_graph import CudaGraphMaker, graph_unavailable, use_rate_tensors
+    from tilesplat.train.step.cuda_graph import CudaGraphMaker, graph_unavailable, use_rate_tensors
 
     arm = parse_arm("cuda:per_pixel")
     scene = load_scene(scene_name)

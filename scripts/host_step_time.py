@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from tilesplat.data.dataset import load_dataset
     from tilesplat.data.synthetic import write_synthetic_dataset
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     extra = {}
     for item in args.set:

@@ -19,10 +19,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tilesplat.train import tensorboard as tb
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.run import load_scene
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop import tensorboard as tb
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.scene import load_scene
 
 
 def quiet(_: str) -> None:

@@ -25,7 +25,8 @@ def _camera(source: str, model) -> tuple[np.ndarray, np.ndarray, float]:
     from tilesplat.viewer.scene import default_pose, rotation_to_wxyz
 
     try:
-        from tilesplat.train.run import load_run, load_scene
+        from tilesplat.train.loop.run import load_run
+        from tilesplat.train.rundir.scene import load_scene
 
         cfg, _, _ = load_run(source)
         frame = (lambda d: (d.test or d.train)[0])(load_scene(cfg, log=lambda _: None))

@@ -30,12 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 def train_once(arm: str, cfg, dataset, folder: Path) -> tuple[float, float]:
     """(steps per wall second, process CPU seconds per step) of one run of ``arm``."""
-    import dataclasses
 
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
     from tilesplat.viewer import live
 
-    cfg = dataclasses.replace(cfg, viewer_port=0 if arm == "off" else 1)
+    cfg = cfg.replace(viewer_port=0 if arm == "off" else 1)
     trainer = Trainer(cfg, dataset, folder / f"{arm}-{time.time_ns()}", log=lambda _: None)
     stop = threading.Event()
     start, init, browsers = live.start_server, live.LiveViewer.__init__, []
@@ -83,7 +82,7 @@ def main() -> None:
     import torch
 
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.run import load_scene
+    from tilesplat.train.rundir.scene import load_scene
 
     cfg = TrainConfig(
         steps=args.steps, synthetic_size=args.size, progress=False, backend=args.backend,
@@ -96,7 +95,7 @@ def main() -> None:
     print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, "
           f"{args.steps} steps at {args.size}x{args.size}, backend {args.backend}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
-        warm = TrainConfig(**{**cfg.__dict__, "steps": 10})
+        warm = cfg.replace(steps=10)
         train_once("off", warm, dataset, Path(tmp))  # warm-up: kernels, caches
         for r in range(args.repeats):
             for arm in arms if r % 2 == 0 else arms[::-1]:

@@ -18,8 +18,8 @@ from tilesplat.data.colmap_format import qvec_to_rotmat, read_model
 from tilesplat.data.dataset import SceneDataset, load_dataset
 from tilesplat.data.undistort import Camera
 from tilesplat.train.config import TrainConfig, apply_overrides
-from tilesplat.train.evaluate import evaluate
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.evaluate import evaluate
 
 W, H, N_VIEWS, POSE_SEED = 80, 60, 24, 2
 TEST_EVERY = 4  # 18 train and 6 test views

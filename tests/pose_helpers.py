@@ -9,7 +9,7 @@ import math
 import torch
 
 from tilesplat.data.dataset import Frame
-from tilesplat.train.pose_opt import axis_angle_to_matrix
+from tilesplat.train.features.pose_opt import axis_angle_to_matrix
 
 
 def perturb_poses(frames: list[Frame], degrees: tuple[float, float] = (0.5, 1.0),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilesplat.train.cuda_graph import WARMUP, graph_unavailable, plain_rates, use_rate_tensors
+from tilesplat.train.step.cuda_graph import WARMUP, graph_unavailable, plain_rates, use_rate_tensors
 
 
 class Replayer:
@@ -31,9 +31,9 @@ class Replayer:
 def _trainer(tmp_path, name: str, graphed: bool):
     from tilesplat.data.dataset import load_dataset
     from tilesplat.data.synthetic import write_synthetic_dataset
-    from tilesplat.train.capacity import StepCapacity
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
+    from tilesplat.train.step.capacity import StepCapacity
 
     folder = tmp_path / "scene"
     if not folder.exists():
@@ -43,9 +43,9 @@ def _trainer(tmp_path, name: str, graphed: bool):
                       log_every=1000, progress=False, lpips=False, backend="torch",
                       checkpoint_every=0, eval_every=0, seed=5, random_background=True)
     trainer = Trainer(cfg, load_dataset(folder), tmp_path / name, log=lambda s: None)
-    trainer.capacity = StepCapacity(trainer._count_views, cfg.batch_size, trainer.device)
+    trainer.steps.capacity = StepCapacity(trainer.count_views, cfg.batch_size, trainer.device)
     if graphed:
-        trainer.graph = trainer._step_graph(Replayer())
+        trainer.steps.use_graph(Replayer())
     else:  # the rates as the graph holds them (float32 tensors), for a bitwise comparison
         use_rate_tensors(trainer.optimizers, trainer.device)
     return trainer
@@ -57,7 +57,7 @@ def test_a_graphed_run_equals_the_eager_one(tmp_path):
     for name, graphed in (("eager", False), ("graph", True)):  # one after the other: the
         trainer = _trainer(tmp_path, name, graphed)  # random backgrounds share an RNG
         losses = [trainer.train_step(step)[0] for step in range(14)]
-        trainer._check_finite_step()
+        trainer.steps.settle()
         runs.append((trainer, losses))
     (eager, losses_e), (graph, losses_g) = runs
     assert len(graph.params["means"]) != 60  # densified: the graph was captured again
@@ -66,7 +66,7 @@ def test_a_graphed_run_equals_the_eager_one(tmp_path):
     for a, b in zip(losses_e, losses_g, strict=True):
         assert torch.equal(a, b)
     assert len({id(t) for t in losses_g}) == len(losses_g)  # each step's own loss, not the graph's
-    g = graph.graph
+    g = graph.steps.graph
     # keys: SH degree 0 -> 1 at step 6, densification at steps 5 and 10
     assert g.captures >= 3 and g.replays >= 14 - (WARMUP + 1) * g.captures, (g.captures,
                                                                              g.replays)

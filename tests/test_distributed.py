@@ -211,7 +211,7 @@ def _data_parallel(rank: int, port: int, folder: str) -> None:
     through densification: same Gaussians, parameters within 1e-4, ranks identical."""
     from tilesplat.data.dataset import load_dataset
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     _init(rank, port)
     try:

@@ -35,7 +35,7 @@ from tilesplat import ranks
 # checkpoint writer and the step's NaN flag (one number) outside it
 PARALLEL_FILES = ("train/parallel/", "distributed.py", "ranks.py", "rendering/sharding.py")
 WIRE = "distributed.py:_on_the_wire"
-OUTSIDE_OK = ("train/trainer.py:state_dict", "ops/deferred_checks.py:start_read")
+OUTSIDE_OK = ("train/loop/trainer.py:state_dict", "ops/deferred_checks.py:start_read")
 
 
 # --- the selection logic of the NCCL path ----------------------------------------------
@@ -77,7 +77,7 @@ def two_gpus(monkeypatch):
 
 def test_nproc_against_the_gpus(two_gpus, monkeypatch):
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.launch import job_plan
+    from tilesplat.train.loop.launch import job_plan
 
     cfg = TrainConfig(parallel="data").validate()
     assert job_plan(cfg, None) == (2, "nccl", True)  # --nproc alone: one rank per GPU
@@ -119,7 +119,7 @@ def test_nproc_alone_needs_gpus(monkeypatch, tmp_path, capsys):
 
 
 def test_a_rank_trains_on_its_local_gpu(two_gpus, monkeypatch):
-    import tilesplat.train.device as device
+    import tilesplat.train.step.device as device
     from tilesplat.train.config import TrainConfig
 
     cfg = TrainConfig(parallel="data").validate()
@@ -253,7 +253,7 @@ def _check_host_copies(sim: SimDevice, rank: int) -> None:
             wire += n
         else:
             assert any(f in OUTSIDE_OK for f in site), f"a host copy outside the writer: {site}"
-            writer += n if "train/trainer.py:state_dict" in site else 0
+            writer += n if "train/loop/trainer.py:state_dict" in site else 0
     assert wire > 0, "the gloo ranks should have staged their collectives"
     assert (writer > 0) == (rank == 0), (rank, writer)  # rank 0 writes the gathered model
 
@@ -269,7 +269,7 @@ def _both_modes(rank: int, port: int, folder: str) -> None:
     """Data and model mode on the simulated device: trained as one process on it, every
     boundary's tensors on the rank's device, host copies only on the wire and at the
     writer."""
-    import tilesplat.train.trainer as trainer_module
+    import tilesplat.train.loop.trainer as trainer_module
     from tilesplat.data.dataset import load_dataset
     from tilesplat.train.config import TrainConfig
     from tilesplat.train.parallel import ModelParallel

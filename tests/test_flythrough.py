@@ -18,9 +18,9 @@ from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.data.trajectory import MAX_FRAMES
 from tilesplat.io.images import read_image
-from tilesplat.train import flythrough
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.run import train_run
+from tilesplat.train.loop import flythrough
+from tilesplat.train.loop.run import train_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -159,9 +159,9 @@ if not INNER:
     def _trainer(tmp_path, name: str, headroom: float | None, **keys):
         from tilesplat.data.dataset import load_dataset
         from tilesplat.data.synthetic import write_synthetic_dataset
-        from tilesplat.train.capacity import StepCapacity
         from tilesplat.train.config import TrainConfig
-        from tilesplat.train.trainer import Trainer
+        from tilesplat.train.loop.trainer import Trainer
+        from tilesplat.train.step.capacity import StepCapacity
 
         folder = tmp_path / "scene"
         if not folder.exists():
@@ -172,9 +172,9 @@ if not INNER:
                              "lpips": False, "backend": "torch", "checkpoint_every": 0,
                              "eval_every": 0, "seed": 4, "random_background": True, **keys})
         trainer = Trainer(cfg, load_dataset(folder), tmp_path / name, log=lambda s: None)
-        assert trainer.capacity is None  # capacity mode is the cuda backend's
+        assert trainer.steps.capacity is None  # capacity mode is the cuda backend's
         if headroom is not None:  # the torch reference follows the same contract
-            trainer.capacity = StepCapacity(trainer._count_views, cfg.batch_size,
+            trainer.steps.capacity = StepCapacity(trainer.count_views, cfg.batch_size,
                                             trainer.device, headroom=headroom)
         return trainer
 
@@ -185,7 +185,7 @@ if not INNER:
         for name, room in (("exact", None), ("capacity", headroom)):  # one after the other:
             trainer = _trainer(tmp_path, name, room)  # the random backgrounds share an RNG
             losses = [trainer.train_step(step) for step in range(12)]
-            trainer._check_finite_step()
+            trainer.steps.settle()
             runs.append((trainer, losses))
         (exact, losses_a), (sized, losses_b) = runs
         assert len(sized.params["means"]) != 60  # it densified and pruned
@@ -198,7 +198,7 @@ if not INNER:
         for key in ("grad2d", "count"):
             assert torch.equal(exact.strategy_state[key], sized.strategy_state[key]), key
         assert torch.equal(losses_a[-1][0], losses_b[-1][0])
-        cap = sized.capacity
+        cap = sized.steps.capacity
         assert cap.measured >= 3  # at the start and after each change of the Gaussian count
         if headroom < 1:
             assert cap.grown >= 3  # every measurement overflows, and is grown past
@@ -215,7 +215,7 @@ if not INNER:
             trainer.train_step(2)
 
     def test_an_overflow_skips_the_steps_after_it_until_grown():
-        from tilesplat.train.capacity import BLOCKED, StepCapacity, overflowed
+        from tilesplat.train.step.capacity import BLOCKED, StepCapacity, overflowed
 
         def views(params, factor):
             return torch.tensor([30, 50, 40])
@@ -242,8 +242,8 @@ if not INNER:
         assert cap.for_step({"means": torch.zeros(6, 3)}, 1).size == 104  # measured again
 
     def test_the_config_key_chooses_exact_sizes():
-        from tilesplat.train.capacity import capacity_applies
         from tilesplat.train.config import TrainConfig
+        from tilesplat.train.step.capacity import capacity_applies
 
         cpu, gpu = torch.device("cpu"), torch.device("cuda")
         assert capacity_applies(TrainConfig(backend="cuda"), cpu, 0)

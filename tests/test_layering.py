@@ -12,6 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tilesplat"
 LAYER = {
     "constants": -1,
     "devices": -1,
+    "keys": -1,
     "command_env": -1,
     "assets": -1,
     "__version__": -1,
@@ -97,7 +98,34 @@ def test_train_and_bench_point_one_way():
         for line, name in _imports(path):
             assert not name.startswith("tilesplat.bench"), f"{path}:{line} imports {name}"
     replay = {name for _, name in _imports(SRC / "bench" / "replay.py")}
-    assert "tilesplat.train.step" in replay
+    assert "tilesplat.train.step.optimization" in replay
+
+
+# The rooms of the trainer, top to bottom (docs/architecture.md): a room imports only the rooms
+# below it and the trainer's base modules (config, seams, recipes), which import no room.
+TRAIN_ROOMS = {"loop": 5, "rundir": 4, "step": 3, "features": 2, "models": 1, "parallel": 0}
+TRAIN_BASE = ("config", "seams", "recipes")
+
+
+def _train_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tilesplat", "train"] else None
+
+
+def test_train_rooms_point_down():
+    problems = []
+    for path in sorted((SRC / "train").rglob("*.py")):
+        rel = path.relative_to(SRC / "train").parts
+        here = rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+        for line, name in _imports(path):
+            there = _train_room(name)
+            if there is None or there == here or here == "__init__":
+                continue
+            if here in TRAIN_BASE and there in TRAIN_ROOMS:
+                problems.append(f"train/{'/'.join(rel)}:{line} (a base module) imports {name}")
+            elif there in TRAIN_ROOMS and TRAIN_ROOMS[there] > TRAIN_ROOMS.get(here, 99):
+                problems.append(f"train/{'/'.join(rel)}:{line} ({here}) imports {name}")
+    assert not problems, "imports pointing up the trainer's rooms:\n" + "\n".join(problems)
 
 
 def _modules() -> dict[str, Path]:

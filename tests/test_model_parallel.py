@@ -142,8 +142,8 @@ def _train_as_one(rank: int, port: int, folder: str) -> None:
     hold the whole model and resume on any number of ranks."""
     from tilesplat.data.dataset import load_dataset
     from tilesplat.train.config import TrainConfig
+    from tilesplat.train.loop.trainer import Trainer
     from tilesplat.train.parallel import ModelParallel
-    from tilesplat.train.trainer import Trainer
 
     _init(rank, port)
     try:

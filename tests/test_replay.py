@@ -13,9 +13,9 @@ from tilesplat.bench.timing import NullTimer
 from tilesplat.cli import main
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

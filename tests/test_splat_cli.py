@@ -154,7 +154,7 @@ def test_train_init_starts_from_the_files_gaussians(tmp_path, capsys, monkeypatc
     from tilesplat.data.dataset import load_dataset
     from tilesplat.data.synthetic import write_synthetic_dataset
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     g = _gaussians(64, 3)
     _gsplat_run(tmp_path / "res", [g])

@@ -15,14 +15,14 @@ from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.io.gaussians import load_gaussians
 from tilesplat.io.images import read_image
 from tilesplat.io.ply import load_ply
-from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig, config_from_dict, load_config
-from tilesplat.train.evaluate import render_view
-from tilesplat.train.metrics import psnr
+from tilesplat.train.loop.run import load_run
+from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.models.surfel_pictures import OPAQUE, RENDER_FOLDERS
 from tilesplat.train.models.surfels import FLAT_RATIO
-from tilesplat.train.run import load_run
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import list_checkpoints, load_checkpoint
+from tilesplat.train.rundir.evaluate import render_view
+from tilesplat.train.step.metrics import psnr
 
 STEPS = 200
 

@@ -14,8 +14,9 @@ import torch
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train.appearance import FILE, AffineFeature, BilateralGridFeature, lr_factor
-from tilesplat.train.bilateral_grid import (
+from tilesplat.train.config import TrainConfig
+from tilesplat.train.features.appearance import FILE, AffineFeature, BilateralGridFeature, lr_factor
+from tilesplat.train.features.bilateral_grid import (
     LUMA,
     apply_affine,
     apply_grids,
@@ -23,10 +24,9 @@ from tilesplat.train.bilateral_grid import (
     identity_grids,
     total_variation,
 )
-from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
-from tilesplat.train.config import TrainConfig
-from tilesplat.train.metrics import color_correct, psnr
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import list_checkpoints, load_checkpoint
+from tilesplat.train.step.metrics import color_correct, psnr
 
 
 def _colors(c=2, h=5, w=7, dtype=torch.float64, seed=0):
@@ -141,7 +141,7 @@ def test_color_correction_never_lowers_psnr_and_leaves_a_match_alone():
         (dict(post_processing="affine", post_processing_warmup=-1),
          "post_processing_warmup must be >= 0"),
         (dict(post_processing="affine", parallel="model"),
-         "post_processing = 'affine' does not run with parallel = 'model'"),
+         "post_processing = 'affine' is not supported with parallel = 'model'"),
     ],
 )
 def test_config_errors(keys, message):

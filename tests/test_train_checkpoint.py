@@ -7,7 +7,9 @@ import torch
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train.checkpoint import (
+from tilesplat.train.config import TrainConfig
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import (
     atomic_write_bytes,
     checkpoint_path,
     latest_checkpoint,
@@ -15,8 +17,6 @@ from tilesplat.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from tilesplat.train.config import TrainConfig
-from tilesplat.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from tilesplat.cli import main
-from tilesplat.train.init import init_params, knn_mean_distance, rgb_to_sh0, visible_half_width
-from tilesplat.train.plots import curve_image
+from tilesplat.train.models.init import (
+    init_params,
+    knn_mean_distance,
+    rgb_to_sh0,
+    visible_half_width,
+)
+from tilesplat.train.rundir.plots import curve_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,7 +54,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["train", "--set", "stesp=3"]) == 2
     assert "did you mean 'steps'" in capsys.readouterr().err
     assert main(["train", "--list-keys"]) == 0
-    assert "grow_grad2d (float, default 0.0002)" in capsys.readouterr().out
+    assert "grow_grad2d (float, >= 0; default 0.0002)" in capsys.readouterr().out
 
 
 def test_knn_distance_matches_brute_force():
@@ -107,7 +112,7 @@ def test_curve_image_draws_every_panel():
 
 
 def test_recomposite_onto_a_new_background():
-    from tilesplat.train.step import recomposite
+    from tilesplat.train.step.batch import recomposite
 
     g = torch.Generator().manual_seed(0)
     rgb, alpha = torch.rand(2, 4, 5, 3, generator=g), torch.rand(2, 4, 5, 1, generator=g)
@@ -129,7 +134,7 @@ def test_training_options_run_and_densify(tmp_path, options):
     from tilesplat.data.dataset import load_dataset
     from tilesplat.data.synthetic import write_synthetic_dataset
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     data = load_dataset(write_synthetic_dataset(tmp_path / "d", n_train=3, n_test=1, size=16))
     cfg = TrainConfig(

@@ -1,12 +1,12 @@
 """The training config: defaults, TOML round trip, --set flags, unknown keys, check command."""
 
-import dataclasses
 import sys
 
 import pytest
 import torch
 
 from tilesplat.cli import main
+from tilesplat.train import seams
 from tilesplat.train.config import (
     TrainConfig,
     apply_overrides,
@@ -21,11 +21,15 @@ else:
     import tomli as tomllib
 
 
-def test_every_field_has_default_and_help():
-    for f in dataclasses.fields(TrainConfig):
-        assert f.default is not dataclasses.MISSING, f.name
-        assert len(f.metadata["help"]) > 10, f.name
+def test_every_key_has_a_default_a_doc_and_its_default_is_valid():
+    for key in seams.key_table().values():
+        assert len(key.doc) > 10, key.name
+        assert key.problem(key.default) is None, key.name
     TrainConfig().validate()
+    with pytest.raises(AttributeError, match="not changed in place"):
+        TrainConfig().steps = 3
+    with pytest.raises(ValueError, match="unknown config key 'stepz'; did you mean 'steps'"):
+        TrainConfig(stepz=3)
 
 
 def test_gsplat_recipe_defaults():
@@ -52,11 +56,11 @@ def test_toml_round_trip(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(text)
     assert load_config(path) == cfg
-    # every key is preceded by its help line
+    # every key is preceded by its doc line
     lines = text.splitlines()
-    for f in dataclasses.fields(cfg):
-        i = next(k for k, line in enumerate(lines) if line.startswith(f"{f.name} = "))
-        assert lines[i - 1] == f"# {f.metadata['help']}"
+    for key in seams.key_table().values():
+        i = next(k for k, line in enumerate(lines) if line.startswith(f"{key.name} = "))
+        assert lines[i - 1] == f"# {key.doc}"
 
 
 def test_unknown_key_suggests_closest(tmp_path):
@@ -115,7 +119,7 @@ def test_check_command(tmp_path, capsys):
     good.write_text('steps = 77\nstrategy = "mcmc"\n')
     assert main(["check", str(good)]) == 0
     out = capsys.readouterr().out
-    assert "valid" in out and "steps, strategy" in out
+    assert "valid" in out and "strategy, steps, init_opacity, init_scale" in out
     bad = tmp_path / "bad.toml"
     bad.write_text("refine_evry = 10\n")
     assert main(["check", str(bad)]) == 2
@@ -126,26 +130,47 @@ def test_check_command(tmp_path, capsys):
     assert "dataset folder not found" in capsys.readouterr().err
 
 
-def test_auto_fields_take_their_strategy_values(tmp_path):
+def test_a_strategy_sets_its_preset_and_the_saved_config_shows_it(tmp_path):
     from tilesplat.data.dataset import load_dataset
     from tilesplat.data.synthetic import write_synthetic_dataset
-    from tilesplat.train.trainer import Trainer
+    from tilesplat.train.loop.trainer import Trainer
 
     keys = ("init_opacity", "init_scale", "opacity_reg", "scale_reg")
-    default = TrainConfig().resolved()
-    assert [getattr(default, k) for k in keys] == [0.1, 1.0, 0.0, 0.0]  # 3DGS, as before
-    mcmc = apply_overrides(TrainConfig(), ["strategy=mcmc"]).resolved()
+    assert [getattr(TrainConfig(), k) for k in keys] == [0.1, 1.0, 0.0, 0.0]  # 3DGS
+    mcmc = apply_overrides(TrainConfig(), ["strategy=mcmc"])
     assert [getattr(mcmc, k) for k in keys] == [0.5, 0.1, 0.01, 0.01]  # 3DGS-MCMC
-    mine = apply_overrides(TrainConfig(), ["strategy=mcmc", "opacity_reg=0", "init_scale=2"])
-    assert mine.resolved().opacity_reg == 0.0 and mine.resolved().init_scale == 2.0
-    with pytest.raises(ValueError, match="opacity_reg must be >= 0 or -1, got -2.0"):
+    assert "init_opacity = 0.5\n" in config_to_toml(mcmc)  # the effective value, saved
+    # the keys given with the choice win over its preset, in any order
+    mine = apply_overrides(TrainConfig(), ["opacity_reg=0", "strategy=mcmc", "init_scale=2"])
+    assert (mine.opacity_reg, mine.init_scale, mine.init_opacity) == (0.0, 2.0, 0.5)
+    # a later choice of another strategy sets the preset keys back; other keys stay
+    back = apply_overrides(mine.replace(steps=7), ["strategy=default"])
+    assert [getattr(back, k) for k in keys] == [0.1, 1.0, 0.0, 0.0] and back.steps == 7
+    assert TrainConfig(strategy="mcmc") == mcmc
+    # a config written before the presets held -1 ("the strategy's"): read as not given
+    old = config_from_dict({"strategy": "mcmc", "init_opacity": -1.0, "scale_reg": -1})
+    assert old == mcmc
+    with pytest.raises(ValueError, match="opacity_reg must be >= 0, got -2.0"):
         apply_overrides(TrainConfig(), ["opacity_reg=-2"])
-    with pytest.raises(ValueError, match="init_scale must be > 0 or -1"):
+    with pytest.raises(ValueError, match=r"init_scale must be > 0, got 0"):
         apply_overrides(TrainConfig(), ["init_scale=0"])
-    # the trainer runs the resolved values and its checkpoints keep the config as given
+    # the trainer runs the config's values and its checkpoints keep them
     data = load_dataset(write_synthetic_dataset(tmp_path / "d", n_train=2, n_test=1, size=16))
     cfg = TrainConfig(strategy="mcmc", init_points=20, steps=2, progress=False, lpips=False)
     trainer = Trainer(cfg, data, tmp_path / "run", log=lambda s: None)
     assert torch.allclose(torch.sigmoid(trainer.params["opacities"]), torch.tensor(0.5))
-    assert trainer.cfg.opacity_reg == 0.01
-    assert trainer.state_dict()["config"]["opacity_reg"] == -1.0
+    assert trainer.state_dict()["config"]["opacity_reg"] == 0.01
+
+
+def test_list_keys_and_docs_read_the_one_table(capsys):
+    from pathlib import Path
+
+    from tilesplat.train.config import describe_keys, keys_markdown
+
+    assert main(["train", "--list-keys"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.strip() == describe_keys().strip()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert keys_markdown() in page, "docs/config.md: regenerate its table (docs/config.md)"
+    for key in seams.key_table().values():
+        assert f"  {key.name} (" in listed and f"| `{key.name}` |" in page

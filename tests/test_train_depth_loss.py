@@ -31,9 +31,9 @@ from tilesplat.data.captures import (
 from tilesplat.data.colmap_format import read_model_tracks
 from tilesplat.data.dataset import load_dataset
 from tilesplat.train.config import TrainConfig, apply_overrides
-from tilesplat.train.depth_loss import DepthPrior, visible_points
+from tilesplat.train.features.depth_loss import DepthPrior, visible_points
+from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.models import Cameras
-from tilesplat.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -157,7 +157,7 @@ def test_a_malformed_track_is_refused_with_its_line(tmp_path):
 
 
 def test_an_image_with_many_points_keeps_a_seeded_subsample(weak, monkeypatch):
-    from tilesplat.train import depth_loss
+    from tilesplat.train.features import depth_loss
 
     monkeypatch.setattr(depth_loss, "MAX_POINTS", 100)
     ds = load_dataset(weak[0], test_every=TEST_EVERY)

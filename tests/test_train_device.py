@@ -12,12 +12,12 @@ from tilesplat.cli import main
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.devices import to_device
-from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.device import device_frames, training_device
-from tilesplat.train.metrics import psnr_of_mse
-from tilesplat.train.progress import Progress
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.progress import Progress
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import list_checkpoints, load_checkpoint
+from tilesplat.train.step.device import device_frames, training_device
+from tilesplat.train.step.metrics import psnr_of_mse
 
 
 @pytest.fixture
@@ -236,7 +236,7 @@ def test_the_deterministic_key_sets_the_cuda_option_and_refuses_torch_on_a_gpu()
     refused for the torch reference on a GPU (PyTorch's atomic index ops)."""
     pytest.importorskip("numba_cuda")
     from tilesplat.backends.cuda import get_options, reset_options
-    from tilesplat.train.determinism import apply_determinism
+    from tilesplat.train.step.determinism import apply_determinism
 
     try:
         apply_determinism(TrainConfig(backend="cpu", deterministic=True), torch.device("cpu"))

@@ -15,7 +15,7 @@ from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.io.images import read_image
 from tilesplat.io.ply import load_ply
 from tilesplat.train.config import load_config
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
 
 STEPS = 200
 

@@ -14,7 +14,8 @@ import torch
 from tilesplat.data.dataset import detect_layout, load_dataset
 from tilesplat.data.exposure import BACKGROUND, MARKER, write_exposure_dataset
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.run import summary, train_run
+from tilesplat.train.loop.run import train_run
+from tilesplat.train.rundir.outputs import summary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,11 +13,11 @@ import torch
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train import features as features_mod
-from tilesplat.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.features import Feature, register_feature
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.features import base as features_mod
+from tilesplat.train.features.base import Feature, register_feature
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -82,7 +82,8 @@ def gains_feature(monkeypatch):
     monkeypatch.setattr(features_mod, "_FEATURES", list(features_mod._FEATURES))
     from tilesplat.train import seams
 
-    monkeypatch.setattr(seams, "_FEATURE_CHECKS", list(seams._FEATURE_CHECKS))
+    monkeypatch.setattr(seams, "_GROUPS", list(seams._GROUPS))
+    monkeypatch.setattr(seams, "_KEYS", dict(seams._KEYS))
     register_feature(Gains)
     CALLS.clear()
     yield Gains

@@ -24,9 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train.averaging import ParamAverage
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.features.averaging import ParamAverage
+from tilesplat.train.loop.trainer import Trainer
 
 INNER = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 READS = ("_local_scalar_dense", "nonzero", "masked_select", "unique")
@@ -149,7 +149,7 @@ else:
         no CUDA graph: the step runs eagerly, and the log says so once."""
         lines: list[str] = []
         trainer = _trainer(tmp_path, "cuda", log=lines.append)
-        assert trainer.capacity is not None and trainer.graph is None
+        assert trainer.steps.capacity is not None and trainer.steps.graph is None
         assert [s for s in lines if "cuda_graph" in s] == [
             "cuda_graph: the step runs eagerly (numba's CUDA simulator runs the kernels on the "
             "CPU, where there is no graph)"]
@@ -160,7 +160,7 @@ else:
         # issue 21 aims at <= 40 once the glue is folded into the kernels
         print("aten ops per step:", sum(counter.ops.values()), counter.ops.most_common())
         assert sum(counter.ops.values()) <= OP_BUDGET, counter.ops.most_common()
-        assert trainer.capacity.measured == 1 and trainer.capacity.grown == 0
+        assert trainer.steps.capacity.measured == 1 and trainer.steps.capacity.grown == 0
         assert len([s for s in lines if "cuda_graph" in s]) == 1  # not repeated per step
 
         # the averaged model (ema_decay) takes a skipped step's flag from the device at a
@@ -174,7 +174,7 @@ else:
             torch.testing.assert_close(after[k], 0.9 * before[k] + 0.1 * p.detach())
         trainer.average = None
 
-        trainer.capacity = None  # exact mode (isect_capacity = "exact") from here on
+        trainer.steps.capacity = None  # exact mode (isect_capacity = "exact") from here on
         sites = _reads(trainer, 4).sites
         assert sum(sites.values()) == 1, sites
         ((name, where),) = sites
@@ -182,6 +182,6 @@ else:
 
     def test_exact_mode_is_the_config_key():
         trainer_cfg = TrainConfig(backend="cuda", isect_capacity="exact")
-        from tilesplat.train.capacity import capacity_applies
+        from tilesplat.train.step.capacity import capacity_applies
 
         assert not capacity_applies(trainer_cfg, torch.device("cpu"), 0)

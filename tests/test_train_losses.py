@@ -7,8 +7,8 @@ import pytest
 import torch
 from skimage.metrics import structural_similarity
 
-from tilesplat.train.losses import l1_loss, photometric_loss, ssim, ssim_map
-from tilesplat.train.metrics import make_lpips, psnr, ssim_metric
+from tilesplat.train.step.losses import l1_loss, photometric_loss, ssim, ssim_map
+from tilesplat.train.step.metrics import make_lpips, psnr, ssim_metric
 
 
 def _fixed_pair(h: int, w: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

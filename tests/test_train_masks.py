@@ -18,11 +18,12 @@ from tilesplat.data import room
 from tilesplat.data.captures import Distractor, pinhole_camera, scene_points, write_capture
 from tilesplat.data.dataset import load_dataset
 from tilesplat.io.images import write_png
-from tilesplat.train import masks as mk
 from tilesplat.train.config import TrainConfig, apply_overrides
-from tilesplat.train.losses import photometric_loss
-from tilesplat.train.step import make_batch, training_loss
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.step import masks as mk
+from tilesplat.train.step.batch import make_batch
+from tilesplat.train.step.losses import photometric_loss
+from tilesplat.train.step.optimization import training_loss
 
 W, H = 80, 60
 MARGIN_DB = 1.0  # masked must beat unmasked on the clean test views by at least this

@@ -29,12 +29,12 @@ from capture_helpers import TEST_EVERY, TRAIN, psnr_on, shared_captures
 from pose_helpers import perturb_poses, pose_errors
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train.checkpoint import list_checkpoints, load_checkpoint
 from tilesplat.train.config import TrainConfig, apply_overrides
-from tilesplat.train.evaluate import evaluate
-from tilesplat.train.pose_opt import POSES_FORMAT, PoseRefinement, axis_angle_to_matrix
-from tilesplat.train.run import evaluate_run, render_run, train_run
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.features.pose_opt import POSES_FORMAT, PoseRefinement, axis_angle_to_matrix
+from tilesplat.train.loop.run import evaluate_run, render_run, train_run
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.checkpoint import list_checkpoints, load_checkpoint
+from tilesplat.train.rundir.evaluate import evaluate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -253,7 +253,7 @@ def test_test_time_alignment_scores_a_mis_posed_test_view_at_its_fitted_pose(roo
     wrong = perturb_poses(room.test, distance=ROOM_DISTANCE, seed=3)
     true_psnr = evaluate(params, room.test, cfg, room.background)["psnr"]
     given = evaluate(params, wrong, cfg, room.background)["psnr"]
-    aligned_cfg = dataclasses.replace(cfg, test_pose_align_steps=60, test_pose_align_lr=2e-3)
+    aligned_cfg = cfg.replace(test_pose_align_steps=60, test_pose_align_lr=2e-3)
     aligned = evaluate(params, wrong, aligned_cfg, room.background)["psnr"]
     print(f"test views: {true_psnr:.2f} dB at the true poses, {given:.2f} at wrong ones, "
           f"{aligned:.2f} aligned")

@@ -15,12 +15,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tilesplat.cli import main
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
-from tilesplat.train import tensorboard as board_module
-from tilesplat.train import trainer as trainer_module
-from tilesplat.train.config import TrainConfig, config_to_toml, describe_fields
-from tilesplat.train.run import resume_run, train_run
-from tilesplat.train.tensorboard import NO_BOARD, TEST_VIEWS, open_board
-from tilesplat.train.trainer import Trainer
+from tilesplat.train.config import TrainConfig, config_to_toml, describe_keys
+from tilesplat.train.loop import tensorboard as board_module
+from tilesplat.train.loop import trainer as trainer_module
+from tilesplat.train.loop.run import resume_run, train_run
+from tilesplat.train.loop.tensorboard import NO_BOARD, TEST_VIEWS, open_board
+from tilesplat.train.loop.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -149,8 +149,8 @@ def test_only_the_writing_rank_opens_a_board(tmp_path):
 def test_the_key_is_listed_and_checked(tmp_path, capsys, monkeypatch):
     assert main(["train", "--list-keys"]) == 0
     listed = capsys.readouterr().out
-    assert "  tensorboard (bool, default false): write TensorBoard events" in listed
-    assert "tensorboard (bool, default false)" in describe_fields()
+    assert "  tensorboard (bool; default false): write TensorBoard events" in listed
+    assert "tensorboard (bool; default false)" in describe_keys()
     path = tmp_path / "c.toml"
     path.write_text(config_to_toml(TrainConfig()))
     assert main(["check", str(path), "--set", "tensorboard=true"]) == 0

@@ -169,7 +169,7 @@ def test_render_mode_shows_tilesplats_render_of_the_browser_camera():
 
 def test_training_view_shows_the_model_change_and_pauses(tmp_path, monkeypatch):
     from tilesplat.train.config import TrainConfig
-    from tilesplat.train.run import train_run
+    from tilesplat.train.loop.run import train_run
     from tilesplat.viewer import live
 
     monkeypatch.setattr(live, "PUSH_S", 0.5)

@@ -1,4 +1,5 @@
-"""Moving nested tensor structures between devices: the bench's arms, the trainer's state.
+"""Device names and moving nested tensor structures between devices: the bench's arms, the
+trainer's state.
 
 A bottom-layer module (torch only), so that the bench's kernel checks, which a bare GPU
 machine runs with no more than torch and numba (``scripts/gpu_check.py``), need nothing of the
@@ -7,9 +8,17 @@ trainer or the data readers.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
+
+CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
+
+
+def is_cuda_name(device: str) -> bool:
+    """Whether ``device`` names a GPU (``cuda`` or ``cuda:N``)."""
+    return device == "cuda" or bool(CUDA_INDEX.match(device))
 
 
 def to_device(obj: Any, device: torch.device | str) -> Any:

@@ -23,7 +23,6 @@ when the candidate's mean PSNR is more than ``psnr_guard`` dB below the base's; 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -99,7 +98,7 @@ def with_evaluations(cfg: TrainConfig) -> TrainConfig:
     ``steps / EVAL_POINTS`` steps (at least 1)."""
     if cfg.eval_every:
         return cfg
-    return dataclasses.replace(cfg, eval_every=max(1, cfg.steps // EVAL_POINTS))
+    return cfg.replace(eval_every=max(1, cfg.steps // EVAL_POINTS))
 
 
 def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, Any]:
@@ -215,7 +214,7 @@ def run_gate(
         f"{', '.join(str(seed + k) for k in range(repeats))}; {total} runs in {out}"
     )
     for arm in ARMS if warmup else ():  # compile every kernel an arm runs before timing
-        warm = dataclasses.replace(configs[arm], steps=2, eval_every=1, save_ply=False,
+        warm = configs[arm].replace(steps=2, eval_every=1, save_ply=False,
                                    save_renders=False, checkpoint_every=0)
         row = run_one(warm, out / f"warmup-{arm}", timeout)
         log(f"warm-up of {arm} (2 steps, not counted): "
@@ -228,7 +227,7 @@ def run_gate(
             run_dir = out / f"{arm}-r{k}"
             tag = f"[{i}/{total}] {arm} r{k} (seed {seed + k})"
             log(f"{tag}: training into {run_dir}")
-            cfg = dataclasses.replace(configs[arm], seed=seed + k)
+            cfg = configs[arm].replace(seed=seed + k)
             row = run_one(
                 cfg, run_dir, timeout, heartbeat=lambda line, t=tag: log(f"  {t}: {line}")
             )
@@ -250,7 +249,7 @@ def run_gate(
                     a: {
                         "name": label[a],
                         **summary["arms"][a],
-                        "config": dataclasses.asdict(configs[a]),
+                        "config": configs[a].as_dict(),
                     }
                     for a in ARMS
                 },

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ..io.images import write_png
-from ..train.plots import PANEL_H, PANEL_W, Series, panel
+from ..train.rundir.plots import PANEL_H, PANEL_W, Series, panel
 
 ARM_COLORS = {"base": (31, 119, 180), "cand": (214, 39, 40), "target": (120, 120, 120)}
 

@@ -9,7 +9,6 @@ start-up (imports, kernel cache) and a crash or a hang stays in its run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -200,7 +199,7 @@ def run_one(
     """Trains ``cfg`` into ``run_dir`` in a child process; the run's row of the gate."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = save_config(
-        dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir / "config.toml"
+        cfg.replace(run_dir=str(run_dir)), run_dir / "config.toml"
     )
     log_path = run_dir / "train.log"
     version = code_version()

@@ -26,7 +26,6 @@ loads it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,17 +36,13 @@ from ..constants import SH_C0
 from ..data.dataset import SceneDataset
 from ..data.scenes import Scene
 from ..train.config import TrainConfig
-from ..train.run import RunCheckpoint, load_scene, open_checkpoint
-from ..train.splats import PARAM_NAMES
-from ..train.step import (
-    STEP_STAGES,
-    Batch,
-    CameraOrder,
-    make_batch,
-    optimization_step,
-    restore_model,
-    sh_degree_at,
-)
+from ..train.models import model_kind
+from ..train.models.base import sh_degree_at
+from ..train.models.splats import PARAM_NAMES, restore_model
+from ..train.rundir.checkpoint import RunCheckpoint, open_checkpoint
+from ..train.rundir.scene import load_scene
+from ..train.step.batch import Batch, CameraOrder, make_batch
+from ..train.step.optimization import STEP_STAGES, StepPlan, optimization_step
 from .arms import Arm
 from .run_spec import run_target
 from .stages import Inputs
@@ -115,7 +110,7 @@ class Replay:
 
     def arm_config(self, arm: Arm) -> TrainConfig:
         """The run's config with the arm's backend and backward scheme."""
-        return dataclasses.replace(self.cfg, backend=arm.backend, backward_scheme=arm.scheme)
+        return self.cfg.replace(backend=arm.backend, backward_scheme=arm.scheme)
 
     def scene(self) -> RunScene:
         """The Gaussians as the rasterizer sees them and the cameras of the first step."""
@@ -176,7 +171,7 @@ def open_run(spec: str) -> Replay:
         raise ValueError(f"{run.run_dir}: the run's dataset has no training images")
     order = CameraOrder(len(dataset.train), run.cfg.batch_size, run.cfg.seed)
     background = torch.tensor(dataset.background, dtype=torch.float32)
-    return Replay(run, run.cfg.resolved(), dataset, order, background)
+    return Replay(run, run.cfg, dataset, order, background)
 
 
 class ReplayStep:
@@ -187,7 +182,7 @@ class ReplayStep:
         self.device = arm.torch_device
         self.cfg = replay.arm_config(arm)
         self.params, self.optimizers = restore_model(replay.run.ckpt, self.cfg, self.device)
-        self.scene_scale = float(replay.run.ckpt["scene_scale"])
+        self.plan = StepPlan(self.cfg, model_kind(self.cfg), float(replay.run.ckpt["scene_scale"]))
         self.i = 0
 
     def __call__(self, timer: StageTimer) -> None:
@@ -195,8 +190,7 @@ class ReplayStep:
         step = self.replay.step_of(self.i)
         parts = _Parts(timer) if self.device.type == "cpu" else None
         with timer.stage("step"):
-            optimization_step(self.params, self.optimizers, batch, self.cfg, step,
-                              self.scene_scale, clock=parts)
+            optimization_step(self.params, self.optimizers, batch, self.plan, step, clock=parts)
         self.i += 1
 
 
@@ -250,21 +244,20 @@ def trainer_pass(replay: Replay, arm: Arm, i: int = 0) -> dict[str, Any]:
     params, optimizers = restore_model(replay.run.ckpt, cfg, arm.torch_device)
     captured: dict[str, Any] = {}
 
-    def keep_raster_grads(info: dict[str, Any]) -> None:
+    def keep_raster_grads(step: int, info: dict[str, Any]) -> None:
         for k in RASTER_GRADS:
             info[k].retain_grad()
 
-    def capture(info: dict[str, Any]) -> None:
+    def capture(step: int, info: dict[str, Any]) -> None:
         for k in PARAM_NAMES:
             captured[f"v_{k}"] = _cpu(params[k].grad, params[k])
         for k in RASTER_GRADS:
             captured[f"v_raster_{k}"] = _cpu(info[k].grad, info[k])
 
-    res = optimization_step(
-        params, optimizers, replay.batch(i, arm.torch_device), cfg, replay.step_of(i),
-        float(replay.run.ckpt["scene_scale"]), before_backward=keep_raster_grads,
-        after_backward=capture,
-    )
+    plan = StepPlan(cfg, model_kind(cfg), float(replay.run.ckpt["scene_scale"]),
+                    before_backward=keep_raster_grads, after_backward=capture)
+    res = optimization_step(params, optimizers, replay.batch(i, arm.torch_device), plan,
+                            replay.step_of(i))
     outputs = {
         "loss": res.loss.reshape(1).cpu(),
         "render_colors": res.colors.cpu(),

@@ -40,9 +40,9 @@ def _gsplat(path: Path) -> Model:
 def _tilesplat(path: Path) -> Model:
     import torch
 
-    from ..train.checkpoint import served_params
+    from ..train.features.averaging import served_params
     from ..train.models import model_kind
-    from ..train.run import open_checkpoint
+    from ..train.rundir.checkpoint import open_checkpoint
 
     rc = open_checkpoint(path)
     p = {k: v.detach().float() for k, v in served_params(rc.ckpt).items()}

@@ -21,17 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from ..train.config import TrainConfig
-    from ..train.device import training_device
-    from ..train.run import checked_config
+    from ..train.loop.run import checked_config
+    from ..train.step.device import training_device
 
     cfg, layout = checked_config(args.config, args.overrides)
-    default = TrainConfig()
-    changed = [
-        f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)
-    ]
+    default = TrainConfig().as_dict()
+    changed = [name for name, value in cfg.as_dict().items() if value != default[name]]
     try:  # a valid config may ask for a GPU this machine lacks: say so, it is still valid
         device = f"{training_device(cfg)}"
     except ValueError as exc:

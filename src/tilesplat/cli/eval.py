@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.run import evaluate_run, summary
+    from ..train.loop.run import evaluate_run
+    from ..train.rundir.outputs import summary
 
     metrics = evaluate_run(args.run_dir)
     print(summary(args.run_dir, metrics))

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         run_gate,
         write_json,
     )
-    from ..train.run import checked_config
+    from ..train.loop.run import checked_config
 
     check_gate_arguments(args.repeats, args.psnr_guard, args.timeout)
     base, base_layout = checked_config(args.base, args.overrides)

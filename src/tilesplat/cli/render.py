@@ -1,5 +1,5 @@
 """``tilesplat render``: render a trained run's views to PNG files, or a flythrough along a
-camera path to an mp4 and/or PNGs (``--path``; ``train/flythrough.py``)."""
+camera path to an mp4 and/or PNGs (``--path``; ``train/loop/flythrough.py``)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
     if args.path is None:
         if args.mp4 or args.png_dir:
             raise ValueError("--mp4 and --png-dir write a flythrough: give --path too")
-        from ..train.run import render_run
+        from ..train.loop.run import render_run
 
         folder = render_run(args.run_dir, split=args.split or "test", out_dir=args.out)
         print(f"renders written to {folder}")
         return 0
     if args.split or args.out:
         raise ValueError("--path renders a flythrough: use --mp4 / --png-dir, not --split / --out")
-    from ..train.flythrough import render_flythrough
+    from ..train.loop.flythrough import render_flythrough
 
     fly = render_flythrough(args.run_dir, path=args.path, frames=args.frames, mp4=args.mp4,
                             png_dir=args.png_dir, fps=args.fps, batch=args.batch)

@@ -65,7 +65,7 @@ def prepare_images(cfg: TrainConfig, images: str) -> TrainConfig:
     folder's ``data/`` (reused when a run_dir given again already holds one)."""
     from ..data.sfm import REPORT_FILE, prepare
     from ..train.config import apply_overrides
-    from ..train.run import new_run_dir
+    from ..train.loop.run import new_run_dir
 
     folder = Path(images).expanduser()
     named = folder.parent if folder.name.lower() == "images" else folder  # photos/images/
@@ -79,11 +79,11 @@ def prepare_images(cfg: TrainConfig, images: str) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.config import TrainConfig, apply_overrides, describe_fields, load_config
-    from ..train.launch import torchrun_world, train_job
+    from ..train.config import TrainConfig, apply_overrides, describe_keys, load_config
+    from ..train.loop.launch import torchrun_world, train_job
 
     if args.list_keys:
-        print(describe_fields())
+        print(describe_keys())
         return 0
     nproc = None if args.nproc == "gpus" else _nproc(args.nproc)
     if args.resume:
@@ -107,9 +107,11 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--images under torchrun: run tilesplat prepare IMAGES OUT "
                                  "once, then train --data OUT")
             cfg = prepare_images(cfg, args.images)
-        if (nproc != 1 or torchrun_world() > 1) and cfg.parallel == "none":
-            cfg = apply_overrides(cfg, ["parallel=data"])
-        from ..train.device import training_device
+        if nproc != 1 or torchrun_world() > 1:
+            from ..train.parallel import for_ranks
+
+            cfg = for_ranks(cfg)
+        from ..train.step.device import training_device
 
         training_device(cfg)  # a device this machine cannot give fails before any work
         job = (cfg, None, [])

@@ -11,7 +11,7 @@ background of every brighter photo would clip at 1, which no colour transform of
 undoes, and on black the exposure of the background would be lost (measured: a model trained
 with the true transforms gained 3.8 dB of test PSNR on grey, little on black). A model that fits
 the training photos as they are learns colours of no view in particular, and floaters;
-``post_processing`` (``train/appearance.py``) learns a transform per photo instead.
+``post_processing`` (``train/features/appearance.py``) learns a transform per photo instead.
 The drawn gains and offsets are in the marker file, ``tilesplat_exposure.json``.
 
 The folder is a Blender-layout dataset (``transforms_train.json``, ``transforms_test.json``),

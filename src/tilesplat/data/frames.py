@@ -40,7 +40,7 @@ class Frame:
             ``fisheye`` (equidistant; ``K`` then holds its focal lengths and centre).
         point_ids: [P_i] int64, the rows of :attr:`SceneDataset.points` this image sees
             (COLMAP: the points whose track holds the image), or None when the source says
-            nothing of it (the depth prior, ``train/depth_loss.py``, then finds them).
+            nothing of it (the depth prior, ``train/features/depth_loss.py``, then finds them).
     """
 
     name: str

@@ -10,7 +10,7 @@ The count is still computed on the device (the sum of ``tiles_per_gauss``):
 :class:`IsectCapacity` keeps the largest one met (a device tensor, not read) and records
 "count <= capacity" as one more check of the step's :class:`.deferred_checks.FiniteFlag`, so
 that an overflowing step is skipped on the device like a step with a NaN, and the trainer,
-reading the flag one step late, grows the capacity and redoes it (``train/capacity.py``).
+reading the flag one step late, grows the capacity and redoes it (``train/step/capacity.py``).
 
 :func:`counting_intersections` is the other use: a render inside it stops after the tile
 lists with :class:`IntersectionCounts`, which carries the count of every image, so that the

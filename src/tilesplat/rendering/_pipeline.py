@@ -179,7 +179,7 @@ def tile_lists(
         means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
         n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
     )
-    if counting():  # the caller wants the counts of the images only (train/capacity.py)
+    if counting():  # the caller wants the counts of the images only (train/step/capacity.py)
         per_image = torch.zeros(B * C, dtype=torch.int64, device=tiles_per_gauss.device)
         if packed:
             per_image.index_add_(0, image_ids.long(), tiles_per_gauss.long())

@@ -13,9 +13,11 @@ tilesplat's trainer builds its strategy from its config and calls it through the
 never asking which strategy it holds: each class says, as class attributes and methods, what
 the trainer needs to know (the tilesplat extension below the gsplat hooks):
 
-- ``CONFIG_DEFAULTS``: the values of the recipe's ``-1`` ("the strategy's") config keys;
-- ``CONFIG_KEYS`` and ``from_config(cfg, key_for_gradient)``: the strategy with the config's
-  thresholds;
+- ``KEYS``: the trainer's config keys it reads (:class:`tilesplat.keys.Key`, declared here
+  beside the fields they set), and ``from_config(cfg, key_for_gradient)``: the strategy with
+  the config's thresholds;
+- ``PRESET``: the values choosing it sets for keys of the trainer it does not own (its
+  recipe's initial opacity and size, its regularisers), before the other keys given with it;
 - ``config_errors(cfg)``: why a config cannot train with it;
 - ``wants_absgrad()``: whether the render must compute ``absgrad``;
 - ``POST_BACKWARD_ARGS``: which of the step's ``packed`` and ``lr`` its
@@ -30,10 +32,20 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..keys import Key
+
 Params = dict[str, torch.nn.Parameter] | torch.nn.ParameterDict
 Optimizers = dict[str, torch.optim.Optimizer]
 
 REQUIRED_PARAMS = ("means", "scales", "quats", "opacities")
+
+# the trainer's keys of the densification schedule that every strategy of this package reads
+REFINE_START = Key("refine_start", 500, "first step that densifies", ge=0)
+REFINE_STOP = Key("refine_stop", 1500, "no densification from this step on", ge=0)
+REFINE_EVERY = Key("refine_every", 100, "densify every n steps", ge=1)
+PRUNE_OPACITY = Key("prune_opacity", 0.005, "prune (default, budget) or relocate (mcmc) below "
+                    "this opacity", ge=0.0, lt=0.5)
+SCHEDULE_KEYS = (REFINE_START, REFINE_STOP, REFINE_EVERY, PRUNE_OPACITY)
 
 
 def check_required(params: Params, required: tuple[str, ...] = REQUIRED_PARAMS) -> None:
@@ -78,32 +90,24 @@ class Strategy:
         """Whether ``step_post_backward`` at ``step`` may change the model or its optimisers
         (densify, prune, relocate, reset, add noise) rather than only accumulate statistics
         from ``info``; True unless the strategy knows better. The trainer settles a step
-        whose render may have to be redone (``train/capacity.py``) before such a call."""
+        whose render may have to be redone (``train/step/capacity.py``) before such a call."""
         return True
 
 
-    # The values of the trainer's config keys left at -1 ("the strategy's"): the recipe's
-    # initial opacity and size and its regularisers (TrainConfig.resolved); here 3DGS's
-    # (Kerbl et al. 2023), which DefaultStrategy keeps.
     # the keyword arguments of step_post_backward among the step's "packed" (how the meta was
     # rendered) and "lr" (the means' learning rate), as gsplat's simple_trainer passes them
     POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ()
-    CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
-        "init_opacity": 0.1,
-        "init_scale": 1.0,
-        "opacity_reg": 0.0,
-        "scale_reg": 0.0,
-    }
-
-    # this class's field -> the trainer's config key that sets it (from_config)
-    CONFIG_KEYS: ClassVar[dict[str, str]] = {}
+    # the trainer's config keys the strategy reads (from_config)
+    KEYS: ClassVar[tuple[Key, ...]] = ()
+    # what choosing it sets of the trainer's other keys (none: 3DGS's recipe, the defaults)
+    PRESET: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> Strategy:
-        """The strategy with the thresholds of a ``tilesplat.train.TrainConfig``
-        (:attr:`CONFIG_KEYS`); ``key_for_gradient`` is the render meta key of the screen-space
-        means, for a strategy that reads their gradient."""
-        return cls(**{name: getattr(cfg, key) for name, key in cls.CONFIG_KEYS.items()})
+        """The strategy with the thresholds of a ``tilesplat.train.TrainConfig`` (its
+        :attr:`KEYS`); ``key_for_gradient`` is the render meta key of the screen-space means,
+        for a strategy that reads their gradient."""
+        return cls()
 
     @classmethod
     def config_errors(cls, cfg: Any) -> list[str]:

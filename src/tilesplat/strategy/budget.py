@@ -11,12 +11,15 @@ often, and every later step pays for them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from ..keys import Key
 from .default import DefaultStrategy
+from .mcmc import CAP_MAX
 
 
 @dataclass
@@ -25,7 +28,13 @@ class BudgetStrategy(DefaultStrategy):
 
     cap_max: int = 1_000_000
 
-    CONFIG_KEYS: ClassVar[dict[str, str]] = {**DefaultStrategy.CONFIG_KEYS, "cap_max": "cap_max"}
+    KEYS: ClassVar[tuple[Key, ...]] = (*DefaultStrategy.KEYS, CAP_MAX)
+
+    @classmethod
+    def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> BudgetStrategy:
+        """The default strategy's thresholds and the config's ``cap_max``."""
+        made = super().from_config(cfg, key_for_gradient)
+        return dataclasses.replace(made, cap_max=cfg.cap_max)
 
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
         """The default strategy's state, and ``start_count`` (the count when densification

@@ -18,13 +18,13 @@ and gsplat's documentation say.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 
-from .base import Optimizers, Params, Strategy, check_required
+from ..keys import Key
+from .base import SCHEDULE_KEYS, Optimizers, Params, Strategy, check_required
 from .ops import duplicate, remove, reset_opacity, split
 
 
@@ -50,26 +50,31 @@ class DefaultStrategy(Strategy):
     key_for_gradient: Literal["means2d", "gradient_2dgs"] = "means2d"
 
     POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("packed",)
-    # CONFIG_DEFAULTS: the base's, 3DGS's recipe (Kerbl et al. 2023)
-
-    CONFIG_KEYS: ClassVar[dict[str, str]] = {
-        "prune_opa": "prune_opacity",
-        "grow_grad2d": "grow_grad2d",
-        "grow_scale3d": "grow_scale3d",
-        "prune_scale3d": "prune_scale3d",
-        "refine_start_iter": "refine_start",
-        "refine_stop_iter": "refine_stop",
-        "reset_every": "reset_every",
-        "refine_every": "refine_every",
-        "pause_refine_after_reset": "pause_refine_after_reset",
-        "absgrad": "absgrad",
-    }
+    KEYS: ClassVar[tuple[Key, ...]] = (
+        *SCHEDULE_KEYS,
+        Key("reset_every", 3000, "default: reset opacities to 2 x prune_opacity every n steps",
+            ge=1),
+        Key("pause_refine_after_reset", 0, "default: skip densification for n steps after an "
+            "opacity reset", ge=0),
+        Key("grow_grad2d", 2e-4, "default: clone/split Gaussians whose mean view-space gradient "
+            "exceeds this (about 8e-4 with absgrad)", ge=0.0),
+        Key("grow_scale3d", 0.01, "default: clone below, split above this size (x scene scale)",
+            ge=0.0),
+        Key("absgrad", False, "default: grow by the absolute view-space gradient (AbsGS)"),
+        Key("prune_scale3d", 0.1, "default: prune Gaussians larger than this (x scene scale) "
+            "after a reset", ge=0.0),
+    )
 
     @classmethod
     def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> DefaultStrategy:
-        """The base's, densifying on the gradient of ``key_for_gradient``."""
-        made = super().from_config(cfg)
-        return dataclasses.replace(made, key_for_gradient=key_for_gradient)
+        """The strategy with the config's thresholds, densifying on the gradient of
+        ``key_for_gradient``."""
+        return cls(prune_opa=cfg.prune_opacity, grow_grad2d=cfg.grow_grad2d,
+                   grow_scale3d=cfg.grow_scale3d, prune_scale3d=cfg.prune_scale3d,
+                   refine_start_iter=cfg.refine_start, refine_stop_iter=cfg.refine_stop,
+                   reset_every=cfg.reset_every, refine_every=cfg.refine_every,
+                   pause_refine_after_reset=cfg.pause_refine_after_reset, absgrad=cfg.absgrad,
+                   key_for_gradient=key_for_gradient)
 
     def wants_absgrad(self) -> bool:
         """With ``absgrad`` it grows by the absolute screen-space gradient (AbsGS)."""

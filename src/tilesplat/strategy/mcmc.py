@@ -16,9 +16,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from .base import Optimizers, Params, Strategy, check_required
+from ..keys import Key
+from .base import SCHEDULE_KEYS, Optimizers, Params, Strategy, check_required
 from .ops import inject_noise, relocate, relocation_table, sample_add
 
+CAP_MAX = Key("cap_max", 100_000, "mcmc, budget: the most Gaussians it grows to", ge=1)
 N_MAX = 51  # largest number of copies equation 9 is evaluated for (as gsplat)
 
 
@@ -35,23 +37,23 @@ class MCMCStrategy(Strategy):
     verbose: bool = False
 
     POST_BACKWARD_ARGS: ClassVar[tuple[str, ...]] = ("lr",)
-    # 3DGS-MCMC's recipe (Kheradmand et al. 2024, as gsplat's MCMC config): what the
-    # trainer's -1 keys take with this strategy
-    CONFIG_DEFAULTS: ClassVar[dict[str, float]] = {
+    # 3DGS-MCMC's recipe (Kheradmand et al. 2024, as gsplat's MCMC config): what choosing it
+    # sets of the trainer's initialisation and loss keys
+    PRESET: ClassVar[dict[str, Any]] = {
         "init_opacity": 0.5,
         "init_scale": 0.1,
         "opacity_reg": 0.01,
         "scale_reg": 0.01,
     }
+    KEYS: ClassVar[tuple[Key, ...]] = (*SCHEDULE_KEYS, CAP_MAX, Key(
+        "noise_lr", 5e5, "mcmc: position noise, times the means' learning rate", ge=0.0))
 
-    CONFIG_KEYS: ClassVar[dict[str, str]] = {
-        "cap_max": "cap_max",
-        "noise_lr": "noise_lr",
-        "refine_start_iter": "refine_start",
-        "refine_stop_iter": "refine_stop",
-        "refine_every": "refine_every",
-        "min_opacity": "prune_opacity",
-    }
+    @classmethod
+    def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> MCMCStrategy:
+        """The strategy with the config's cap, noise and schedule."""
+        return cls(cap_max=cfg.cap_max, noise_lr=cfg.noise_lr, refine_start_iter=cfg.refine_start,
+                   refine_stop_iter=cfg.refine_stop, refine_every=cfg.refine_every,
+                   min_opacity=cfg.prune_opacity)
 
     def share(self, rank: int, world_size: int) -> MCMCStrategy:
         """A copy whose ``cap_max`` is rank ``rank``'s part of the even split of the whole

@@ -1,11 +1,11 @@
 """Training recipes: named presets of config keys (``recipe`` key).
 
-A recipe is a table of keys and values. Setting ``recipe`` (in a TOML file or with ``--set``)
-sets the keys of its table first; every other key given in the same place (the same file, the
-same ``--set`` list) is applied after it, so a recipe's part can be switched off on its own
-(``--set recipe=fast --set resolution_start=1``: the fast recipe without its resolution
-schedule). ``3dgs`` holds the defaults of the keys the other recipes change, so that it sets
-them back.
+A recipe is a variant of the ``recipe`` seam whose ``PRESET`` is a table of keys and values.
+Setting ``recipe`` (in a TOML file or with ``--set``) sets the keys of its table first; every
+other key given in the same place (the same file, the same ``--set`` list) is applied after
+it, so a recipe's part can be switched off on its own (``--set recipe=fast --set
+resolution_start=1``: the fast recipe without its resolution schedule). Choosing ``3dgs`` sets
+the keys the other recipes change back to their defaults (:func:`.seams.preset`).
 
 - ``3dgs``: the paper's recipe, as gsplat's simple trainer (the defaults).
 - ``fast``: the same quality in less time (docs/training.md, "The fast recipe"): coarse
@@ -17,7 +17,9 @@ them back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+from . import seams
 
 FAST: dict[str, Any] = {
     # coarse images first: over 3000 steps, 1/4 size until step 200, 1/2 until 400, then
@@ -42,7 +44,7 @@ FAST: dict[str, Any] = {
     # follow the gradients of a short schedule, whose Gaussians are new and moving, sooner;
     # with them the rates rise to four times the 3DGS ones (three for the opacities and the
     # higher SH), and the model evaluated and exported is the moving average of the
-    # parameters over ~50 steps (train/averaging.py), which takes out the jitter of the
+    # parameters over ~50 steps (train/features/averaging.py), which takes out the jitter of the
     # higher rates: 35.2 dB on the built-in scene at 950-1,000 steps instead of 1,100-1,200
     # (the 3DGS betas, three times the rates) and ~1,400 (twice the rates, no average)
     "adam_beta1": 0.7,
@@ -56,10 +58,17 @@ FAST: dict[str, Any] = {
     "ema_decay": 0.98,
 }
 
-# recipe -> its table; "3dgs" is filled with the defaults of every key another recipe sets
-RECIPES: dict[str, dict[str, Any]] = {"3dgs": {}, "fast": FAST}
 
 
-def recipe_keys() -> set[str]:
-    """Every key some recipe sets."""
-    return {key for table in RECIPES.values() for key in table}
+@seams.register("recipe", "3dgs")
+class ThreeDGS:
+    """The paper's recipe, as gsplat's simple trainer: every key at its default."""
+
+    PRESET: ClassVar[dict[str, Any]] = {}
+
+
+@seams.register("recipe", "fast")
+class Fast:
+    """The same quality in less time (docs/training.md, "The fast recipe")."""
+
+    PRESET: ClassVar[dict[str, Any]] = FAST

@@ -1,6 +1,6 @@
 """The model seam: what a kind of model (``model = "3dgs"``, ``"2dgs"``, ...) gives the trainer.
 
-Every kind stores gsplat's parameter layout (``train/splats.py``: ``means``, ``scales`` as logs,
+Every kind stores gsplat's parameter layout (``models/splats.py``: ``means``, ``scales`` as logs,
 ``quats``, ``opacities`` as logits, ``sh0``, ``shN``), so the optimisers, the strategies and the
 checkpoints are shared; a kind says how those parameters start, render, are regularised and are
 written as a 3DGS PLY. The trainer, its step and the evaluation call these methods and never
@@ -16,8 +16,38 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
+from ...constants import BACKWARD_SCHEMES
+from ...keys import Key
+from .. import seams
+
 if TYPE_CHECKING:
     from ..config import TrainConfig
+
+KEYS = (
+    Key("sh_degree", 3, "highest spherical-harmonics degree of the colours (0-4)", ge=0, le=4),
+    Key("sh_degree_interval", 1000, "raise the SH degree in use every n steps", ge=1),
+    Key("backward_scheme", "per_pixel", "rasterizer backward: per_pixel or per_splat",
+        choices=BACKWARD_SCHEMES),
+    Key("packed", False, "packed rasterization (less memory for sparse views)"),
+    Key("antialiased", False, "antialiased rasterize mode (Mip-Splatting's 2D filter)"),
+    Key("near_plane", 0.01, "Gaussians nearer than this depth are culled", ge=0.0),
+    Key("far_plane", 1e10, "Gaussians farther than this depth are culled", finite=False),
+)
+
+
+def sh_degree_at(cfg: TrainConfig, step: int) -> int:
+    """The SH degree in use at ``step``: one more every ``sh_degree_interval`` steps."""
+    return min(step // cfg.sh_degree_interval, cfg.sh_degree)
+
+
+def plane_errors(cfg: TrainConfig) -> list[str]:
+    """Why the culling planes leave no depth between them (empty when they do not)."""
+    if cfg.far_plane > cfg.near_plane:
+        return []
+    return [f"far_plane ({cfg.far_plane}) must exceed near_plane ({cfg.near_plane})"]
+
+
+seams.register_keys("rendering (train/models/base.py)", KEYS, plane_errors)
 
 
 @dataclass
@@ -96,7 +126,7 @@ class ModelKind:
     def phase(self, cfg: TrainConfig, step: int) -> tuple:
         """What of the training step at ``step`` depends on ``step`` beyond the SH degree
         (which loss terms and renders are on): a CUDA graph of the step is captured again
-        when it changes (``train/cuda_graph.py``). The base: nothing."""
+        when it changes (``train/step/cuda_graph.py``). The base: nothing."""
         return ()
 
     def regularisation(self, out: Render, cfg: TrainConfig, step: int) -> Tensor | None:

@@ -9,8 +9,8 @@ from torch import Tensor
 
 from ...rendering import rasterization
 from .. import seams
-from ..splats import activated
 from .base import Cameras, ModelKind, Render, render_args
+from .splats import activated
 
 if TYPE_CHECKING:
     from ..config import TrainConfig

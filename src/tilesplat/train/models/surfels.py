@@ -23,15 +23,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 
+from ...keys import Key
 from ...rendering.surfels import rasterization_2dgs
 from .. import seams
-from ..splats import activated
+from ..parallel.base import several_ranks
 from .base import Cameras, ModelKind, Render, render_args
+from .splats import activated
 from .surfel_pictures import write_surfel_renders
 
 if TYPE_CHECKING:
@@ -134,6 +136,16 @@ class Surfels(ModelKind):
     """2D Gaussians (surfels): flat third scale, rasterization_2dgs, normal and depth terms."""
 
     gradient_key = "gradient_2dgs"
+    KEYS: ClassVar[tuple[Key, ...]] = (
+        Key("normal_lambda", 5e-2, "2dgs: weight of the normal-consistency loss (gsplat's "
+            "default; 0: off)", ge=0.0),
+        Key("normal_start", 7000, "2dgs: first step with the normal-consistency loss (gsplat's "
+            "default)", ge=0),
+        Key("dist_lambda", 1e-2, "2dgs: weight of the depth-distortion loss (gsplat's default; "
+            "0: off)", ge=0.0),
+        Key("dist_start", 3000, "2dgs: first step with the depth-distortion loss (gsplat's "
+            "default)", ge=0),
+    )
 
     @classmethod
     def config_errors(cls, cfg: TrainConfig) -> list[str]:
@@ -145,7 +157,7 @@ class Surfels(ModelKind):
                 f"strategy must be 'default' with model = '2dgs' (gsplat's 2DGS trainer "
                 f"densifies with DefaultStrategy on gradient_2dgs), got {cfg.strategy!r}"
             )
-        if cfg.parallel != "none":
+        if several_ranks(cfg):
             bad.append(
                 f"parallel must be 'none' with model = '2dgs' (the data-parallel exchange "
                 f"carries 3DGS metadata), got {cfg.parallel!r}"

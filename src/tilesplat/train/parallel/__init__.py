@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import seams
-from .base import Parallel, SingleProcess
+from .base import Parallel, SingleProcess, for_ranks, shards_model
 from .data import DataParallel
 from .model import ModelParallel
 
@@ -24,4 +24,12 @@ def parallel_mode(cfg: TrainConfig) -> Parallel:
     return rank if rank is not None else SingleProcess()
 
 
-__all__ = ["DataParallel", "ModelParallel", "Parallel", "SingleProcess", "parallel_mode"]
+__all__ = [
+    "DataParallel",
+    "ModelParallel",
+    "Parallel",
+    "SingleProcess",
+    "for_ranks",
+    "parallel_mode",
+    "shards_model",
+]

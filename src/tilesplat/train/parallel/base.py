@@ -14,11 +14,15 @@ strategy sees) and :meth:`after_step` (after densification).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from ...devices import is_cuda_name
+from ...keys import Key
+from ...ranks import DIST_BACKENDS
 from .. import seams
 
 if TYPE_CHECKING:
@@ -26,8 +30,58 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
 
 
+DIST_BACKEND = Key(
+    "dist_backend", "auto", "torch.distributed backend of a job of several ranks: auto (nccl "
+    "when the ranks train on GPUs, one GPU each; gloo on CPUs), nccl, or gloo (CPU or CUDA "
+    "tensors; lets ranks share a GPU, the bytes staged through the host); docs/distributed.md",
+    choices=DIST_BACKENDS)
+
+
+def dist_backend_errors(cfg: TrainConfig) -> list[str]:
+    """Why ``dist_backend`` cannot serve ``cfg``'s device (empty when it can)."""
+    cuda = (cfg.device != "cpu" and cfg.backend not in ("cpu", "torch")) or is_cuda_name(cfg.device)
+    if cfg.dist_backend == "nccl" and not cuda:
+        return [f"dist_backend = 'nccl' takes CUDA tensors, got device = {cfg.device!r} and "
+                f"backend = {cfg.backend!r}: set device = 'cuda', or dist_backend = 'gloo'"]
+    return []
+
+
+seams.register_keys("ranks of a job (train/parallel/base.py)", (DIST_BACKEND,),
+                    dist_backend_errors)
+
+
+def shards_model(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s parallel mode splits the Gaussians between the ranks (each renders a
+    shard with ``rasterization(distributed=True)``)."""
+    return seams.variant("parallel", cfg.parallel).render_distributed
+
+
+def needs_whole_model(cfg: TrainConfig, what: str, why: str) -> list[str]:
+    """The error of a feature that needs every Gaussian in each rank (``what``: the feature's
+    setting, ``why``: what a shard would break) when ``cfg``'s mode shards the model; empty
+    otherwise."""
+    if not shards_model(cfg):
+        return []
+    return [f"{what} is not supported with parallel = {cfg.parallel!r} ({why}); use "
+            "parallel = 'data' or 'none'"]
+
+
+def several_ranks(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s parallel mode trains with several ranks (every mode but ``none``)."""
+    return seams.variant("parallel", cfg.parallel).SEVERAL_RANKS
+
+
+def for_ranks(cfg: TrainConfig) -> TrainConfig:
+    """The config a rank of a job of several trains with: one process's run (``parallel =
+    "none"``) becomes a data-parallel one; a data or model run keeps its mode."""
+    return cfg if several_ranks(cfg) else cfg.replace(parallel="data").validate()
+
+
 class Parallel:
     """This process's rank of a training job; the base is a job of one process."""
+
+    # whether the mode trains with several ranks (the single process is the only one without)
+    SEVERAL_RANKS: ClassVar[bool] = True
 
     # whether each rank renders its shard with rasterization(distributed=True)
     render_distributed: ClassVar[bool] = False
@@ -87,8 +141,9 @@ class Parallel:
         loss (``step.training_loss``), or None for the whole batch and model."""
         return None
 
-    def reduce_gradients(self, params: dict[str, Tensor]) -> None:
-        """Combine the ranks' gradients in ``params[name].grad`` before Adam."""
+    def reduce_gradients(self, tensors: Sequence[Tensor]) -> None:
+        """Combine the ranks' gradients in ``tensors[i].grad`` (the Gaussians' parameters and
+        the features' learned tensors) before the optimisers step."""
 
     def densify_info(self, info: dict, key: str, batch_size: int) -> dict:
         """The render meta the strategy densifies on (``key``: the screen-space means)."""
@@ -125,3 +180,5 @@ class Parallel:
 @seams.register("parallel", "none")
 class SingleProcess(Parallel):
     """One process trains the whole batch on the whole model."""
+
+    SEVERAL_RANKS = False

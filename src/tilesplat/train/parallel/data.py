@@ -19,6 +19,7 @@ one per rank over NCCL (``dist_backend``); every exchange moves tensors on the r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -93,9 +94,9 @@ class DataParallel(Parallel):
         per = len(indices) // self.world_size
         return indices[self.rank * per:(self.rank + 1) * per]
 
-    def reduce_gradients(self, params: dict[str, Tensor]) -> None:
-        """Every parameter's gradient averaged over the ranks, in one all-reduce."""
-        grads = [p.grad for p in params.values() if p.grad is not None]
+    def reduce_gradients(self, tensors: Sequence[Tensor]) -> None:
+        """Every tensor's gradient averaged over the ranks, in one all-reduce."""
+        grads = [t.grad for t in tensors if t.grad is not None]
         if not grads:
             return
         flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))

@@ -19,6 +19,7 @@ cameras and the projections travel to the rank that owns each camera (``sharding
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -172,7 +173,7 @@ class ModelParallel(DataParallel):
         """1 / ranks of the batch's cameras, over the whole model's ``n_gaussians``."""
         return 1.0 / self.world_size, n_gaussians
 
-    def reduce_gradients(self, params: dict[str, Tensor]) -> None:
+    def reduce_gradients(self, tensors: Sequence[Tensor]) -> None:
         """Nothing: each rank's gradients are its shard's (the exchange routed them)."""
 
     def densify_info(self, info: dict, key: str, batch_size: int) -> dict:

@@ -1,0 +1,2 @@
+"""The training loop and its entry points: the trainer, starting, resuming, evaluating and
+rendering a run, the ranks of a job, the progress line, Ctrl-C and TensorBoard."""

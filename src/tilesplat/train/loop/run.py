@@ -1,0 +1,187 @@
+"""A training run from start to end, as the CLI calls it: start, resume, evaluate, render.
+
+Layout of ``runs/<name>/``::
+
+    config.toml           the full config (tilesplat train --config accepts it)
+    checkpoints/          step_NNNNNNN.pt, the newest ``keep_checkpoints``
+    history.json          loss, PSNR, Gaussian count and seconds per logged step
+    metrics.json          test PSNR / SSIM (/ LPIPS), colour-corrected PSNR / SSIM, per view,
+                          Gaussian count, train time
+    renders/test/*.png    the test views rendered by the model (model = "2dgs": also
+                          normal/, normal_from_depth/ and depth/ PNGs of the same views)
+    curve.png             loss, PSNR and Gaussian count against the step
+    point_cloud.ply       the model in the original 3DGS PLY layout
+    appearance.json       post_processing on: each training image's learned colour transform
+    poses.json            pose_opt on: the refined training poses
+    tensorboard/          TensorBoard's events, with tensorboard = true
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ...data.dataset import SceneDataset
+from ...keys import Key
+from .. import seams
+from ..config import TrainConfig, apply_overrides, load_config, save_config
+from ..features.averaging import served_params
+from ..features.base import checkpoint_features, trained_dataset
+from ..parallel import for_ranks, parallel_mode
+from ..rundir.checkpoint import (
+    checkpoint_config,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+from ..rundir.evaluate import evaluate
+from ..rundir.outputs import write_outputs
+from ..rundir.scene import load_scene, scene_name
+from .trainer import Trainer
+
+Log = Callable[[str], None]
+
+
+def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
+    """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
+    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
+
+    Raises:
+        FileNotFoundError: no such config file or dataset folder.
+        ValueError: an invalid key or value (the message names the file).
+    """
+    from ...data.dataset import detect_layout
+
+    cfg = apply_overrides(load_config(path), list(overrides or []))
+    layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    return cfg, layout
+
+
+KEYS = (Key("run_dir", "", "output folder of the run; empty: runs/<scene name> (numbered when "
+            "it exists)"),)
+seams.register_keys("the run folder (train/loop/run.py)", KEYS)
+
+
+def new_run_dir(cfg: TrainConfig) -> Path:
+    """``run_dir`` if given (refused when it holds a run), else a fresh ``runs/<scene>[-k]``."""
+    if cfg.run_dir:
+        path = Path(cfg.run_dir)
+        if list_checkpoints(path):
+            raise ValueError(
+                f"{path} already holds a run: continue it with --resume {path} "
+                "or choose another run_dir"
+            )
+        return path
+    base = Path("runs") / scene_name(cfg)
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
+def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]:
+    """Train a new run from ``cfg``; returns (run folder, metrics)."""
+    cfg.validate()
+    par = parallel_mode(cfg)
+    # rank 0 names the folder and writes the built-in scene's cache first
+    run_dir = Path(par.from_rank0(str(new_run_dir(cfg)) if par.rank == 0 else None))
+    if par.rank == 0:
+        dataset = load_scene(cfg, log)
+    par.barrier()
+    if par.rank != 0:
+        dataset = load_scene(cfg, log)
+    if par.writes:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
+    log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
+    trainer = Trainer(cfg, dataset, run_dir, log=log)
+    log(f"{trainer.n_gaussians} initial Gaussians, {cfg.steps} steps")
+    trainer.train()
+    return run_dir, _finish(trainer, run_dir, cfg, dataset)
+
+
+def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDataset
+            ) -> dict[str, Any]:
+    """The run's outputs, written by the process that holds the whole model (rank 0 of a
+    job, after gathering a model-parallel job's shards); {} on the other ranks."""
+    params = trainer.served_params()
+    if not trainer.writes or params is None:
+        return {}
+    dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
+    return write_outputs(
+        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed
+    )
+
+
+def resume_run(
+    run_dir: str | Path,
+    overrides: list[str] | None = None,
+    log: Log = print,
+    several_ranks: bool = False,
+) -> tuple[Path, dict[str, Any]]:
+    """Continue a run from its newest checkpoint; returns (run folder, metrics).
+
+    ``overrides`` (``key=value`` strings, e.g. a larger ``steps``) change the config stored in
+    the checkpoint; the run then differs from an uninterrupted one with the new config.
+    ``several_ranks``: this process is one rank of a job, which continues a run of one
+    process (``parallel = "none"``) in data mode; a data or model run keeps its mode. A
+    checkpoint holds the whole model, so the number of ranks may differ from the run's.
+    """
+    run_dir = Path(run_dir)
+    path = latest_checkpoint(run_dir)
+    ckpt = load_checkpoint(path)
+    cfg = checkpoint_config(ckpt)
+    given = apply_overrides(cfg, list(overrides or []))
+    given = for_ranks(given) if several_ranks else given
+    if given != cfg:
+        cfg = given
+        if parallel_mode(cfg).writes:
+            save_config(cfg, run_dir / "config.toml")
+    dataset = load_scene(cfg, log)
+    trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
+    log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
+    trainer.train()
+    return run_dir, _finish(trainer, run_dir, cfg, dataset)
+
+
+def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
+    """(config, parameters, checkpoint) of a run's newest checkpoint."""
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    params = {k: v.float() for k, v in served_params(ckpt).items()}
+    return checkpoint_config(ckpt), params, ckpt
+
+
+def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
+    """Re-evaluate a run's newest checkpoint: metrics.json and the test renders."""
+    run_dir = Path(run_dir)
+    cfg, params, ckpt = load_run(run_dir)
+    dataset = load_scene(cfg, log)
+    dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
+    return write_outputs(
+        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed")
+    )
+
+
+def render_run(
+    run_dir: str | Path, split: str = "test", out_dir: str | Path | None = None, log: Log = print
+) -> Path:
+    """Render a split (``test``, ``train`` or ``all``) of a run's dataset to PNGs."""
+    if split not in ("test", "train", "all"):
+        raise ValueError(f"split must be test, train or all, got {split!r}")
+    run_dir = Path(run_dir)
+    cfg, params, ckpt = load_run(run_dir)
+    dataset = load_scene(cfg, log)
+    # the training views as the run learned them (pose_opt: at their refined poses)
+    dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
+    frames = {"test": dataset.test, "train": dataset.train, "all": dataset.train + dataset.test}[
+        split
+    ]
+    if not frames:
+        raise ValueError(f"the dataset has no {split} views")
+    folder = Path(out_dir) if out_dir is not None else run_dir / "renders" / split
+    evaluate(params, frames, cfg, dataset.background, out_dir=folder)
+    return folder

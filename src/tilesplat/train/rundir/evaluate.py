@@ -1,0 +1,144 @@
+"""Evaluation of a trained model on posed frames: renders, PSNR, SSIM and optional LPIPS, and
+PSNR and SSIM after a least-squares colour fit of the render to the image (``cc_psnr``,
+``cc_ssim``: ``metrics.color_correct``).
+
+The colour-corrected numbers are computed for every run, whether ``post_processing`` is on or
+not, so that runs with and without appearance compensation compare on one scale (a model
+trained with per-image transforms has the colours of no photo in particular; one trained
+without has the average's); the fit costs a 10 x 10 solve per channel and view."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...data.dataset import Frame
+from ...io.images import write_png
+from ..config import TrainConfig
+from ..features.pose_align import aligned_frame
+from ..models import Cameras, Render, model_kind
+from ..step.device import training_device
+from ..step.masks import masks_to, view_metrics
+from ..step.metrics import color_correct, psnr, ssim_metric
+
+METRICS = ("psnr", "ssim", "cc_psnr", "cc_ssim", "masked_psnr", "masked_ssim", "lpips")
+
+
+def render_view(
+    params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
+) -> Render:
+    """The model seen from ``frame``'s camera at the full SH degree, as the model kind renders
+    it for evaluation (C = 1), on the parameters' device."""
+    device = params["means"].device
+    cams = Cameras(
+        viewmats=frame.viewmat[None].float().to(device),
+        Ks=frame.K[None].float().to(device),
+        width=frame.width,
+        height=frame.height,
+        backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
+        camera_model=frame.camera_model,
+    )
+    return model_kind(cfg).render(params, cams, cfg, sh_degree=cfg.sh_degree)
+
+
+def render_frame(
+    params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
+) -> Tensor:
+    """The model seen from ``frame``'s camera at the full SH degree: [H, W, 3] in [0, 1], on
+    the parameters' device."""
+    return render_view(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
+
+
+def _file_name(frame: Frame, index: int, used: set[str]) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(frame.name).name) or f"view_{index:04d}"
+    name = f"{stem}.png"
+    if name in used:
+        name = f"{stem}_{index:04d}.png"
+    used.add(name)
+    return name
+
+
+@torch.no_grad()
+def evaluate(
+    params: dict[str, Tensor],
+    frames: Sequence[Frame],
+    cfg: TrainConfig,
+    background: Sequence[float],
+    out_dir: str | Path | None = None,
+    lpips_fn: Callable[[Tensor, Tensor], float] | None = None,
+) -> dict[str, Any]:
+    """Render every frame, compare with its image, optionally write the renders as PNG.
+
+    The views render on the config's device (:func:`.device.training_device`; the
+    parameters are moved there when they are elsewhere), the PNGs and numbers come back
+    to the CPU.
+
+    Args:
+        params: model parameters (see ``splats.py``).
+        frames: the views to evaluate.
+        background: RGB the images were composited on.
+        out_dir: folder for ``<frame name>.png`` renders (created); None writes nothing. The
+            model kind may write its own pictures of the same names there (2DGS:
+            ``normal/``, ``normal_from_depth/`` and ``depth/``).
+        lpips_fn: an LPIPS scorer from ``metrics.make_lpips``, or None.
+
+    Returns:
+        ``psnr``, ``ssim``, ``cc_psnr``, ``cc_ssim`` (and ``lpips``) averaged over the views,
+        ``masked_psnr`` and ``masked_ssim`` over the views with masks (``train/step/masks.py``),
+        ``seconds_per_view``, ``n_views``, and ``views``: the per-view numbers.
+    """
+    if not frames:
+        raise ValueError("no frames to evaluate")
+    device = training_device(cfg)
+    params = {k: v.to(device) for k, v in params.items()}  # no copy when they are there
+    folder = Path(out_dir) if out_dir is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    model = model_kind(cfg)
+    used: set[str] = set()
+    views = []
+    render_time = 0.0
+    frozen = {k: v.detach() for k, v in params.items()}  # alignment moves no Gaussian
+    for i, frame in enumerate(frames):
+        if cfg.test_pose_align_steps > 0:  # test-time pose alignment (train/features/pose_align.py)
+            with torch.enable_grad():
+                frame = aligned_frame(
+                    frame, lambda f: render_view(frozen, f, cfg, background),
+                    cfg.test_pose_align_steps, cfg.test_pose_align_lr,
+                )
+        t0 = time.perf_counter()
+        rendered = render_view(params, frame, cfg, background)
+        image = rendered.colors[0].clamp(0.0, 1.0)
+        render_time += time.perf_counter() - t0
+        target = frame.image.to(device).float()
+        view: dict[str, Any] = {
+            "name": frame.name,
+            "psnr": psnr(image, target),
+            "ssim": ssim_metric(image, target),
+        }
+        corrected = color_correct(image, target)
+        view["cc_psnr"] = psnr(corrected, target)
+        view["cc_ssim"] = ssim_metric(corrected, target)
+        view.update(view_metrics(image, target, masks_to(frame.mask, device)))
+        if lpips_fn is not None:
+            view["lpips"] = lpips_fn(image, target)
+        if folder is not None:
+            name = _file_name(frame, i, used)
+            write_png(folder / name, image)
+            model.write_renders(folder, name, rendered)  # the kind's own pictures beside it
+        views.append(view)
+    out: dict[str, Any] = {}
+    for key in METRICS:  # the masked ones over the views with masks
+        have = [v[key] for v in views if key in v]
+        if have:
+            out[key] = sum(have) / len(have)
+    out["n_views"] = len(views)
+    out["seconds_per_view"] = render_time / len(views)
+    out["views"] = views
+    return out
