@@ -165,14 +165,14 @@ else:
 
         # the averaged model (ema_decay) takes a skipped step's flag from the device at a
         # capacity (train/averaging.py): still nothing read back
-        trainer.average = ParamAverage(0.9)
+        trainer.average = trainer.steps.average = ParamAverage(0.9)
         trainer.train_step(2)  # the average starts from the parameters
         before = {k: v.clone() for k, v in trainer.served_params().items()}
         assert _reads(trainer, 3).sites == {}
         after = trainer.served_params()
         for k, p in trainer.params.items():  # 0.9 of the average, 0.1 of the parameters
             torch.testing.assert_close(after[k], 0.9 * before[k] + 0.1 * p.detach())
-        trainer.average = None
+        trainer.average = trainer.steps.average = None
 
         trainer.steps.capacity = None  # exact mode (isect_capacity = "exact") from here on
         sites = _reads(trainer, 4).sites
