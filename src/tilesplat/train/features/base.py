@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ...keys import Key
 from .. import seams
+from ..parallel.base import needs_whole_model
 
 if TYPE_CHECKING:
     from ...data.dataset import SceneDataset
@@ -63,12 +64,24 @@ class Feature:
     needs_expected_depth: ClassVar[bool] = False
     # its config keys (joined to the table when it registers)
     KEYS: ClassVar[tuple[Key, ...]] = ()
+    # the bool key that switches it on (then from_config builds ``cls(cfg, dataset, device)``)
+    SWITCH: ClassVar[str | None] = None
+    # why it needs every Gaussian in each rank (a model-parallel job is refused), or None
+    WHOLE_MODEL: ClassVar[str | None] = None
 
     @classmethod
     def config_errors(cls, cfg: TrainConfig) -> list[str]:
         """Why ``cfg``'s keys of this feature are wrong: one message per key (empty when
-        they are right or the feature is off)."""
-        return []
+        they are right or the feature is off). The base refuses a parallel mode that shards
+        the model when the feature is on and needs the whole model."""
+        if cls.WHOLE_MODEL is None or not cls.is_on(cfg):
+            return []
+        return needs_whole_model(cfg, str(cls.SWITCH), cls.WHOLE_MODEL)
+
+    @classmethod
+    def is_on(cls, cfg: TrainConfig) -> bool:
+        """Whether ``cfg`` switches the feature on (the base: its :attr:`SWITCH` key)."""
+        return cls.SWITCH is not None and bool(getattr(cfg, cls.SWITCH))
 
     @classmethod
     def from_config(
@@ -76,7 +89,7 @@ class Feature:
     ) -> Feature | None:
         """The feature for a run of ``cfg`` on ``dataset`` (``dataset.train`` are the views
         that ``views`` index), its state on ``device``; None when ``cfg`` leaves it off."""
-        return None
+        return cls(cfg, dataset, device) if cls.is_on(cfg) else None  # type: ignore[call-arg]
 
     def cameras(self, batch: Cameras, step: int) -> Cameras:
         """The batch the step renders (before the render; the base returns it unchanged)."""

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...keys import Key
-from ..parallel.base import needs_whole_model
 from .base import Feature, register_feature
 
 if TYPE_CHECKING:
@@ -89,6 +88,8 @@ class DepthPrior(Feature):
     name = "depth_loss"
     needs_expected_depth: ClassVar[bool] = True
 
+    SWITCH = "depth_loss"
+    WHOLE_MODEL = "every rank renders the whole batch, so the term would count once per rank"
     KEYS: ClassVar[tuple[Key, ...]] = (
         Key("depth_loss", False, "pull the expected depth towards the sparse points each "
             "training image sees (COLMAP's tracks, a transforms.json's ply_file_path): "
@@ -97,18 +98,6 @@ class DepthPrior(Feature):
         Key("depth_lambda_final", 1.0, "depth_loss: factor the weight decays to by the last step "
             "(exponentially; 1: constant, as gsplat)", gt=0.0, le=1.0),
     )
-
-    @classmethod
-    def config_errors(cls, cfg: TrainConfig) -> list[str]:
-        if not cfg.depth_loss:
-            return []
-        return needs_whole_model(cfg, "depth_loss", "every rank renders the whole batch, so the "
-                                 "term would count once per rank")
-
-    @classmethod
-    def from_config(cls, cfg: TrainConfig, dataset: SceneDataset, device: torch.device
-                    ) -> DepthPrior | None:
-        return cls(cfg, dataset, device) if cfg.depth_loss else None
 
     def __init__(self, cfg: TrainConfig, dataset: SceneDataset, device: torch.device) -> None:
         where = f"depth_loss: the dataset {dataset.path or ''}".rstrip()

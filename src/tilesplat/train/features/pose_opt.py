@@ -37,7 +37,6 @@ from torch import Tensor
 
 from ...io.atomic import atomic_write_bytes
 from ...keys import Key
-from ..parallel.base import needs_whole_model
 from .base import Feature, register_feature, restore_learned
 
 if TYPE_CHECKING:
@@ -108,6 +107,8 @@ class PoseRefinement(Feature):
     """
 
     name = "pose_opt"
+    SWITCH = "pose_opt"
+    WHOLE_MODEL = "each rank would hold a part of every camera's gradient"
     KEYS: ClassVar[tuple[Key, ...]] = (
         Key("pose_opt", False, "learn an SE(3) correction of each training camera's pose "
             "(gsplat's pose_opt); the refined poses go to RUN/poses.json and serve render/eval "
@@ -117,18 +118,6 @@ class PoseRefinement(Feature):
         Key("pose_opt_reg", 1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's "
             "default", ge=0.0),
     )
-
-    @classmethod
-    def config_errors(cls, cfg: TrainConfig) -> list[str]:
-        if not cfg.pose_opt:
-            return []
-        return needs_whole_model(cfg, "pose_opt", "each rank would hold a part of every "
-                                 "camera's gradient")
-
-    @classmethod
-    def from_config(cls, cfg: TrainConfig, dataset: SceneDataset, device: torch.device
-                    ) -> PoseRefinement | None:
-        return cls(cfg, dataset, device) if cfg.pose_opt else None
 
     def __init__(self, cfg: TrainConfig, dataset: SceneDataset, device: torch.device) -> None:
         self.names = [f.name for f in dataset.train]
