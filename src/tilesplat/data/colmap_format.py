@@ -271,12 +271,6 @@ def read_points3d_txt_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks
             np.array(rgb, dtype=np.uint8).reshape(-1, 3), _tracks(rows, seen))
 
 
-def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
-    xyz, rgb, _ = read_points3d_txt_tracks(path)
-    return xyz, rgb
-
-
 def read_model(
     sparse: Path,
 ) -> tuple[dict[int, ColmapCamera], dict[int, ColmapImage], np.ndarray, np.ndarray]:

@@ -314,10 +314,3 @@ def read_compressed_ply(path: str | Path) -> SplatData:
     if vertex is None or "packed_position" not in [p for p, _ in vertex.props]:
         raise ValueError(f"{path}: not a compressed PLY (no vertex property packed_position)")
     return decode_compressed_ply(path, raw, header)
-
-
-def load_compressed_ply(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a compressed PLY (see :func:`read_compressed_ply`)."""
-    return read_compressed_ply(path).gaussians
-
-

@@ -320,10 +320,3 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
         "opacity_logits": np.log(opacity / (1 - opacity)),
         "sh": sh,
     }
-
-
-def load_glb(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a ``.glb`` (see :func:`read_glb`)."""
-    return read_glb(path).gaussians
-
-

@@ -361,8 +361,3 @@ def read_sog(path: str | Path) -> SplatData:
     arrays = {"means": means, "quats": quats, "log_scales": log_scales,
               "opacity_logits": np.log(alpha / (1 - alpha)), "sh": sh}  # fmt: skip
     return decoded(path, arrays, model == "antialiased", notes)
-
-
-def load_sog(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a SOG (see :func:`read_sog`)."""
-    return read_sog(path).gaussians
