@@ -35,7 +35,8 @@ from ...io.atomic import atomic_write_bytes
 from .photos import Photo, one_camera, scan_photos, stage_photos
 
 MATCHERS = ("exhaustive", "sequential")
-CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "SIMPLE_PINHOLE", "PINHOLE")
+# the COLMAP models `tilesplat prepare --camera-model` may ask pycolmap to estimate
+SFM_CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "SIMPLE_PINHOLE", "PINHOLE")
 INSTALL_HINT = 'structure-from-motion needs pycolmap: pip install "tilesplat[sfm]"'
 REPORT_FILE = "prepare.json"
 MIN_MODEL = 3  # registered images below which a model is refused whatever min_registered says
@@ -107,8 +108,9 @@ def check_options(matcher: str, camera_model: str, max_size: int, min_registered
     """ValueError naming the first bad option."""
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {list(MATCHERS)}, got {matcher!r}")
-    if camera_model not in CAMERA_MODELS:
-        raise ValueError(f"camera model must be one of {list(CAMERA_MODELS)}, got {camera_model!r}")
+    if camera_model not in SFM_CAMERA_MODELS:
+        raise ValueError(f"camera model must be one of {list(SFM_CAMERA_MODELS)}, "
+                         f"got {camera_model!r}")
     if not isinstance(max_size, int) or (max_size != 0 and max_size < 64):
         raise ValueError(f"max size must be 0 (keep) or at least 64 px, got {max_size!r}")
     if not 0.0 < min_registered <= 1.0:
