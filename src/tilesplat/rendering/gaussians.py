@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..backends.registry import current_backward_scheme
-from ..constants import RASTERIZE_MODES, RENDER_MODES
+from ..constants import RASTERIZE_MODES, RENDER_MODES, TILE_SIZE
 from ..ops import fully_fused_projection, rasterize_to_pixels
 from ..ops.camera import RollingShutterType
 from ..ops.validation import (
@@ -73,7 +73,7 @@ def rasterization(
     eps2d: float = 0.3,
     sh_degree: int | None = None,
     packed: bool = True,
-    tile_size: int = 16,
+    tile_size: int = TILE_SIZE,
     backgrounds: Tensor | None = None,  # [..., C, D]
     render_mode: str = "RGB",
     sparse_grad: bool = False,
