@@ -29,12 +29,18 @@ from .io.compressed_ply import (  # noqa: F401 - gsplat.exporter's names
     pack_rotation,
     pack_unorm,
     part1by2_vec,
-    sh2rgb,
     sort_centers,
     splat2ply_bytes_compressed,
 )
 from .io.ply import save_ply
 from .io.splat import save_splat
+from .sh_rgb import sh0_to_rgb
+
+
+def sh2rgb(sh: torch.Tensor) -> torch.Tensor:
+    """gsplat.exporter's name (and argument) for :func:`tilesplat.sh_rgb.sh0_to_rgb`: the base
+    colour of degree-0 SH coefficients (any shape)."""
+    return sh0_to_rgb(sh)
 
 
 def _via_file(write, suffix: str) -> bytes:

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
 from ..data.dataset import SceneDataset
 from ..data.scenes import Scene
+from ..sh_rgb import sh0_to_rgb
 from ..train.config import TrainConfig
 from ..train.run import RunCheckpoint, load_scene, open_checkpoint
 from ..train.splats import PARAM_NAMES
@@ -127,7 +127,7 @@ class Replay:
             quats=torch.nn.functional.normalize(p["quats"], dim=-1),
             scales=torch.exp(p["scales"]),
             opacities=torch.sigmoid(p["opacities"]),
-            colors=(p["sh0"][:, 0] * SH_C0 + 0.5).clamp(0.0, 1.0),
+            colors=sh0_to_rgb(p["sh0"][:, 0]).clamp(0.0, 1.0),
             viewmats=b.viewmats,
             Ks=b.Ks,
             width=b.width,

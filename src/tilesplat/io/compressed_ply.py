@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import (
     SplatData,
     as_arrays,
@@ -48,11 +48,6 @@ CHUNK_PROPS = ("min_x", "min_y", "min_z", "max_x", "max_y", "max_z",
                "min_r", "min_g", "min_b", "max_r", "max_g", "max_b")  # fmt: skip
 VERTEX_PROPS = ("packed_position", "packed_rotation", "packed_scale", "packed_color")
 _ALPHA_EPS = 0.5 / 255.0
-
-
-def sh2rgb(sh: torch.Tensor) -> torch.Tensor:
-    """Degree-0 SH coefficients to RGB: ``sh · C0 + 0.5`` (any shape)."""
-    return sh * SH_C0 + 0.5
 
 
 def part1by2_vec(x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +137,7 @@ def splat2ply_bytes_compressed(
         keep = torch.sigmoid(opacities) > opacity_threshold
         means, scales, quats = means[keep], scales[keep], quats[keep]
         opacities, sh0, shN = opacities[keep], sh0[keep], shN[keep]
-    colors = sh2rgb(sh0)
+    colors = sh0_to_rgb(sh0)
     n = means.shape[0]
     n_chunks = -(-n // chunk_max_size)
     order = sort_centers(means, torch.arange(n))
@@ -289,7 +284,7 @@ def decode_compressed_ply(path: Path, raw: bytes, header: Header) -> SplatData:
         alpha = np.clip(_unorm(pc, 0, 8), _ALPHA_EPS, 1 - _ALPHA_EPS)
         k = len(rest) // 3 + 1
         sh = np.empty((n, k, 3))
-        sh[:, 0, :] = (colors - 0.5) / SH_C0
+        sh[:, 0, :] = rgb_to_sh0(colors)
         if rest:
             b = np.stack([elements["sh"][p] for p in rest], 1).astype(np.float64)
             nrm = np.where(b == 0, 0.0, np.where(b == 255, 1.0, (b + 0.5) / 256))

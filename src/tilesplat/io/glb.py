@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import (
     Cursor,
     SplatData,
@@ -78,7 +78,7 @@ def encode_glb(
     q = a["quats"].astype(np.float64)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     opacity = 1.0 / (1.0 + np.exp(-a["opacity_logits"].astype(np.float64)))
-    rgba = np.concatenate([0.5 + SH_C0 * a["sh"][:, 0, :], opacity[:, None]], axis=1)
+    rgba = np.concatenate([sh0_to_rgb(a["sh"][:, 0, :]), opacity[:, None]], axis=1)
     attrs: list[tuple[str, np.ndarray, int, str, bool]] = [
         ("POSITION", a["means"], 5126, "VEC3", False),
         ("COLOR_0", np.clip(np.round(rgba * 255), 0, 255).astype(np.uint8), 5121, "VEC4", True),
@@ -290,7 +290,7 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
         if "COLOR_0" not in attrs:
             raise ValueError(f"{path}: {where} has neither SH_DEGREE_0_COEF_0 nor COLOR_0")
         color, _ = g.accessor(attrs["COLOR_0"], f"{where} COLOR_0")
-        sh = ((color[:, :3] - 0.5) / SH_C0)[:, None, :]
+        sh = rgb_to_sh0(color[:, :3])[:, None, :]
         notes.append(f"{path}: {where} has no SH; its colours come from COLOR_0")
     else:
         coeffs = []

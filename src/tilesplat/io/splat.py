@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import SplatData, as_arrays, check_count, decoded, read_file
 from .atomic import atomic_writer
 
@@ -56,7 +56,7 @@ def save_splat(
     rec = np.empty(len(order), RECORD)
     rec["position"] = a["means"][order]
     rec["scale"] = np.exp(a["log_scales"][order])
-    rgb = 0.5 + SH_C0 * a["sh"][order, 0, :]
+    rgb = sh0_to_rgb(a["sh"][order, 0, :])
     alpha = 1.0 / (1.0 + np.exp(-a["opacity_logits"][order].astype(np.float64)))
     rec["rgba"][:, :3] = np.clip(np.round(rgb * 255.0), 0, 255)
     rec["rgba"][:, 3] = np.clip(np.round(alpha * 255.0), 0, 255)
@@ -98,7 +98,7 @@ def read_splat(path: str | Path) -> SplatData:
         "quats": (rec["rot"].astype(np.float32) - 128.0) / 128.0,
         "log_scales": log_scales,
         "opacity_logits": np.log(alpha / (1.0 - alpha)).astype(np.float32),
-        "sh": ((rgba[:, None, :3] - 0.5) / SH_C0).astype(np.float32),
+        "sh": rgb_to_sh0(rgba[:, None, :3]).astype(np.float32),
     }
     return decoded(path, arrays)
 

@@ -16,21 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0
 
 if TYPE_CHECKING:
     from ..data.dataset import SceneDataset
     from .config import TrainConfig
-
-
-def rgb_to_sh0(rgb: Tensor) -> Tensor:
-    """Degree-0 SH coefficients [..., 3] that render as ``rgb`` [..., 3]."""
-    return (rgb - 0.5) / SH_C0
-
-
-def sh0_to_rgb(sh0: Tensor) -> Tensor:
-    """Inverse of :func:`rgb_to_sh0`."""
-    return sh0 * SH_C0 + 0.5
 
 
 @torch.no_grad()

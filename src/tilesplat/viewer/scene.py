@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
 from ..rendering import rasterization
+from ..sh_rgb import sh0_to_rgb
 
 VIEW_MODES = ("RGB", "depth", "alpha")
 Gaussians = dict[str, Tensor]
@@ -72,7 +72,7 @@ def splat_buffers(g: Gaussians) -> SplatBuffers:
         ).reshape(-1, 3, 3)  # fmt: skip
         m = rot * torch.exp(g["log_scales"].double())[:, None, :]
         cov = m @ m.transpose(1, 2)
-        rgb = (0.5 + SH_C0 * g["sh"][:, 0, :]).clamp(0.0, 1.0)
+        rgb = sh0_to_rgb(g["sh"][:, 0, :]).clamp(0.0, 1.0)
         opacity = torch.sigmoid(g["opacity_logits"])[:, None]
     return SplatBuffers(
         g["means"].numpy().astype(np.float32),
