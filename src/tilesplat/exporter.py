@@ -50,13 +50,6 @@ def _via_file(write, suffix: str) -> bytes:
         return path.read_bytes()
 
 
-def _sh(sh0: torch.Tensor, shN: torch.Tensor) -> torch.Tensor:
-    """[N, 3] and channel-major [N, 3 (K - 1)] -> [N, K, 3]."""
-    n = sh0.shape[0]
-    rest = shN.reshape(n, 3, -1).transpose(1, 2)
-    return torch.cat([sh0[:, None, :], rest], dim=1)
-
-
 def splat2ply_bytes(
     means: torch.Tensor,  # [N, 3]
     scales: torch.Tensor,  # [N, 3], log
@@ -66,8 +59,10 @@ def splat2ply_bytes(
     shN: torch.Tensor,  # [N, 3 * (K - 1)], channel-major
 ) -> bytes:
     """The 3DGS PLY of the Gaussians (:func:`tilesplat.io.ply.save_ply`)."""
-    sh = _sh(sh0, shN)
-    return _via_file(lambda p: save_ply(p, means, quats, scales, opacities, sh), ".ply")
+    n = means.shape[0]
+    splats = {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+              "sh0": sh0[:, None, :], "shN": shN.reshape(n, 3, -1).transpose(1, 2)}  # fmt: skip
+    return _via_file(lambda p: save_ply(p, splats), ".ply")
 
 
 def splat2splat_bytes(
@@ -78,9 +73,9 @@ def splat2splat_bytes(
     sh0: torch.Tensor,  # [N, 3]
 ) -> bytes:
     """The ``.splat`` file of the Gaussians (:func:`tilesplat.io.splat.save_splat`)."""
-    return _via_file(
-        lambda p: save_splat(p, means, quats, scales, opacities, sh0[:, None, :]), ".splat"
-    )
+    splats = {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+              "sh0": sh0[:, None, :], "shN": sh0.new_zeros(means.shape[0], 0, 3)}  # fmt: skip
+    return _via_file(lambda p: save_splat(p, splats), ".splat")
 
 
 def export_splats(

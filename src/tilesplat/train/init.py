@@ -135,17 +135,17 @@ def gaussians_from_file(path: str | Path, sh_degree: int) -> dict[str, Tensor]:
                              "--resume, or export it (tilesplat export CKPT --to ply) and "
                              "start from the PLY")  # fmt: skip
         g = read_gsplat_checkpoint(path)[0].gaussians
-    k = (sh_degree + 1) ** 2
-    sh = g["sh"][:, :k]
-    if sh.shape[1] < k:
-        sh = torch.cat([sh, torch.zeros(len(sh), k - sh.shape[1], 3)], dim=1)
+    rest = (sh_degree + 1) ** 2 - 1
+    sh_n = g["shN"][:, :rest]
+    if sh_n.shape[1] < rest:
+        sh_n = torch.cat([sh_n, torch.zeros(len(sh_n), rest - sh_n.shape[1], 3)], dim=1)
     return {
         "means": g["means"].clone(),
-        "scales": g["log_scales"].clone(),
+        "scales": g["scales"].clone(),
         "quats": g["quats"].clone(),
-        "opacities": g["opacity_logits"].clone(),
-        "sh0": sh[:, :1].clone(),
-        "shN": sh[:, 1:].clone(),
+        "opacities": g["opacities"].clone(),
+        "sh0": g["sh0"].clone(),
+        "shN": sh_n.clone(),
     }
 
 
