@@ -205,11 +205,11 @@ def test_spz_extension_records_are_honoured_or_skipped(tmp_path):
 
 
 def test_spz_sh_flip_matches_niantics_parity_table():
-    """The fitted SH change of frame (io/frames.py) RDF -> RUB is Niantic's sign table
+    """The fitted SH change of frame (io/axes.py) RDF -> RUB is Niantic's sign table
     (splat-types.h: y, z, x, xy, yz, 1, xz, 1, y, xyz, y, z, x, z, x, ... with x = 1,
     y = z = -1), but for the last degree-4 function: x c3 - y s3 = x^4 - 6 x^2 y^2 + y^4 is
     even in y, where the table says y (it matters only for degree-4 files between frames)."""
-    from tilesplat.io.frames import _sh_matrix, frame_matrix
+    from tilesplat.io.axes import _sh_matrix, frame_matrix
 
     x, y, z = 1, -1, -1
     table = [y, z, x, x * y, y * z, 1, x * z, 1, y, x * y * z, y, z, x, z, x,

@@ -1,6 +1,6 @@
 """Compressed PLY, SOG and glTF (.glb) files: round trips within each format's quantisation
 (the bound of every field stated where it is asserted), their layouts, the frames of
-io/frames.py, and dispatch by name."""
+io/axes.py, and dispatch by name."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from helpers import all_sh, splats_of
 from tilesplat.backends.torch.sh import sh_basis
 from tilesplat.constants import SH_C0
+from tilesplat.io.axes import SPZ_SYSTEMS, change_frame, frame_matrix
 from tilesplat.io.compressed_ply import read_compressed_ply, save_compressed_ply, sort_centers
-from tilesplat.io.frames import SPZ_SYSTEMS, change_frame, frame_matrix
 from tilesplat.io.gaussians import BY_NAME, format_of, read_gaussians, save_gaussians
 from tilesplat.io.glb import encode_glb, read_glb, save_glb
 from tilesplat.io.ply import read_ply

@@ -15,7 +15,7 @@ and the primitive's extension object names the kernel (``ellipse``) and colour s
 spec allows; tilesplat writes float32 everywhere, so the file keeps every value but the
 logs and logits (float32 ``exp`` / ``sigmoid`` of them). glTF's frame is ``LUF`` (+y up,
 +z forward, -x right): tilesplat turns its ``RDF`` Gaussians a half turn about z on write and
-back on read, as splat-transform's writer does (:mod:`.frames`).
+back on read, as splat-transform's writer does (:mod:`.axes`).
 
 Read: every Gaussian primitive of the file, concatenated; a node transform, a sparse or
 external buffer, or a required extension other than this one is refused rather than misread.
@@ -44,7 +44,7 @@ from ._checks import (
     split_sh,
 )
 from .atomic import atomic_writer
-from .frames import GLTF_FRAME, PLY_FRAME, change_frame
+from .axes import GLTF_FRAME, PLY_FRAME, change_frame
 
 EXT = "KHR_gaussian_splatting"
 MAGIC = 0x46546C67  # "glTF"

@@ -35,7 +35,7 @@ through that library with ``from: UNSPECIFIED`` and reads without conversion. So
 circulation hold the PLY's own axes, and tilesplat writes and reads them that way: no axis
 changes (docs/formats.md has the evidence). A file whose ``SPZ_ADOBE_coordinate_system``
 record (0xADBE0003) names the frame it was stored in is converted from that frame to the
-3DGS one (:mod:`.frames`), as Niantic's library does for a caller that asks for RDF; other
+3DGS one (:mod:`.axes`), as Niantic's library does for a caller that asks for RDF; other
 records are skipped with a note, as the spec says readers do.
 """
 
@@ -64,7 +64,7 @@ from ._checks import (
     zstd_compress,
 )
 from .atomic import atomic_writer
-from .frames import PLY_FRAME, SPZ_SYSTEMS, change_frame
+from .axes import PLY_FRAME, SPZ_SYSTEMS, change_frame
 
 MAGIC = 0x5053474E
 VERSION = 4
