@@ -8,6 +8,7 @@ the intermediate results in ``meta``; the steps it shares with ``rasterization_2
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -29,6 +30,7 @@ from ..ops.validation import (
 from . import sharding
 from ._pipeline import (
     PackedIds,
+    TileLists,
     add_depth_channel,
     colors_per_pair,
     expected_depth,
@@ -133,6 +135,57 @@ def rasterization(
     )
     if rolling_shutter is not None and getattr(rolling_shutter, "name", "GLOBAL") != "GLOBAL":
         raise NotImplementedError("rasterization(rolling_shutter=...) is not supported yet")
+    tile_size, channel_chunk, width, height = _checked_options(
+        render_mode, rasterize_mode, tile_size, channel_chunk, width, height, packed, absgrad,
+        distributed)  # fmt: skip
+    scheme = current_backward_scheme(backward_scheme)
+    g = _checked_inputs(means, quats, scales, opacities, colors, viewmats, Ks, covars,
+                        backgrounds, sh_degree)
+    B, N, C = g.B, g.N, g.C
+    with internal_call():
+        if distributed:  # this rank's Gaussians into every rank's cameras
+            mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
+            viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
+        proj = fully_fused_projection(
+            means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
+            near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
+            calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
+            opacities=opacities, backend=backend,
+        )
+        pairs = _Pairs.of(proj, packed, opacities, g.batch_dims, B, C, N)
+        meta = pairs.meta()
+        colors = colors_per_pair(colors, g.sh_degree, g.per_view, means, viewmats, pairs.radii,
+                                 PackedIds(pairs.batch_ids, pairs.camera_ids, pairs.gaussian_ids),
+                                 packed, B, C, N, backend)
+        if distributed:  # rasterize this rank's own cameras
+            colors = mp.exchange(pairs, colors, packed)
+            C = mp.n_cameras[mp.rank]
+            meta["n_cameras_per_rank"], meta["n_gaussians_per_rank"] = mp.n_cameras, mp.n_gaussians
+
+        colors, backgrounds = add_depth_channel(render_mode, colors, pairs.depths, backgrounds)
+        # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
+        # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
+        meta["colors"] = colors
+
+        tiles = tile_lists(pairs.means2d, pairs.radii, pairs.depths, width, height, tile_size,
+                           g.batch_dims, B, C, packed, pairs.image_ids, pairs.gaussian_ids, backend)
+        meta.update(tiles.meta())
+        meta.update({
+            "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
+            "n_cameras": C, "backward_scheme": scheme,
+        })
+        render_colors, render_alphas, meta["last_ids"] = _rasterize_in_chunks(
+            pairs, colors, backgrounds, tiles, width, height, tile_size, channel_chunk, packed,
+            absgrad, scheme, backend,
+        )
+        return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta
+
+
+def _checked_options(render_mode: str, rasterize_mode: str, tile_size: int, channel_chunk: int,
+                     width: int, height: int, packed: bool, absgrad: bool,
+                     distributed: bool) -> tuple[int, int, int, int]:
+    """The options checked (``ValueError`` naming the argument): (tile_size, channel_chunk,
+    width, height) as ints."""
     check_choice("render_mode", render_mode, RENDER_MODES)
     check_choice("rasterize_mode", rasterize_mode, RASTERIZE_MODES)
     tile_size = check_positive_int("tile_size", tile_size)
@@ -142,8 +195,40 @@ def rasterization(
     check_bool("packed", packed)
     check_bool("absgrad", absgrad)
     check_bool("distributed", distributed)
-    scheme = current_backward_scheme(backward_scheme)
+    return tile_size, channel_chunk, width, height
 
+
+@dataclass
+class _Inputs:
+    """What ``rasterization`` was given, its shapes checked: the batch dims ``...`` (B their
+    product), C cameras, N Gaussians; the covariances' upper triangles [..., N, 6] (None when
+    quats and scales are given, which are then None); whether colours are per camera."""
+
+    batch_dims: tuple[int, ...]
+    B: int
+    N: int
+    C: int
+    covars: Tensor | None
+    quats: Tensor | None
+    scales: Tensor | None
+    sh_degree: int | None
+    per_view: bool
+
+
+def _checked_inputs(
+    means: Tensor,  # [..., N, 3]
+    quats: Tensor | None,  # [..., N, 4]
+    scales: Tensor | None,  # [..., N, 3]
+    opacities: Tensor,  # [..., N]
+    colors: Tensor,  # [..., (C,) N, D] or [..., (C,) N, K, 3]
+    viewmats: Tensor,  # [..., C, 4, 4]
+    Ks: Tensor,  # [..., C, 3, 3]
+    covars: Tensor | None,  # [..., N, 3, 3]
+    backgrounds: Tensor | None,  # [..., C, D]
+    sh_degree: int | None,
+) -> _Inputs:
+    """The tensors' types, shapes and finiteness, checked once (``ValueError`` naming the
+    argument); the ops below take only what the kernels made of them."""
     check_tensor("means", means)
     check_tensor("opacities", opacities)
     check_tensor("colors", colors)
@@ -154,7 +239,6 @@ def rasterization(
     nb = len(batch_dims)
     s.check("opacities", opacities, "..., N")
     s.check("viewmats", viewmats, "..., C, 4, 4")
-    B, N, C = math.prod(batch_dims), s["N"], s["C"]
     tri = None
     if covars is not None:
         check_tensor("covars", covars)
@@ -176,99 +260,137 @@ def rasterization(
         check_tensor("backgrounds", backgrounds)
         s.check("backgrounds", backgrounds, "..., C, D" if sh_degree is None else "..., C, 3")
 
-    # what the caller gave, read once; the ops below take only what the kernels made of it
     given = {"means": means, "quats": quats, "scales": scales, "covars": tri,
              "opacities": opacities, "colors": colors, "viewmats": viewmats, "Ks": Ks,
              "backgrounds": backgrounds}
     check_finite({k: v for k, v in given.items() if isinstance(v, Tensor)})
-    with internal_call():
-        if distributed:
-            # this rank's Gaussians into every rank's cameras; rasterize its own cameras
-            if batch_dims:
-                raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
-                                 f"{tuple(means.shape)}")
-            if absgrad:
-                raise ValueError("rasterization(distributed=True) does not support absgrad")
-            if per_view:
-                raise ValueError("rasterization(distributed=True) needs per-Gaussian colors "
-                                 "[N, D] or [N, K, 3], not per-camera ones")
-            rank, world_size = sharding.world()
-            check_tensor("Ks", Ks)
-            viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, N)
-            C = int(viewmats.shape[0])
+    return _Inputs(batch_dims, math.prod(batch_dims), s["N"], s["C"], tri, quats, scales,
+                   sh_degree, per_view)
 
-        proj = fully_fused_projection(
-            means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
-            near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-            calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
-            opacities=opacities, backend=backend,
-        )
+
+@dataclass
+class _Pairs:
+    """The projected (camera, Gaussian) pairs: [..., C, N, *] unpacked, [nnz, *] packed with
+    their ids (None unpacked; ``image_ids`` = batch * C + camera), and each pair's opacity
+    (times the compensation when antialiased)."""
+
+    radii: Tensor
+    means2d: Tensor
+    depths: Tensor
+    conics: Tensor
+    opacities: Tensor
+    batch_ids: Tensor | None = None
+    camera_ids: Tensor | None = None
+    gaussian_ids: Tensor | None = None
+    image_ids: Tensor | None = None
+
+    @classmethod
+    def of(cls, proj: tuple, packed: bool, opacities: Tensor, batch_dims: tuple[int, ...],
+           B: int, C: int, N: int) -> _Pairs:
+        """The pairs of ``fully_fused_projection``'s outputs ``proj``; ``opacities``
+        [..., N] are the Gaussians'."""
         if packed:
             batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
             opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
-            image_ids = batch_ids * C + camera_ids
+            ids = {"batch_ids": batch_ids, "camera_ids": camera_ids,
+                   "gaussian_ids": gaussian_ids, "image_ids": batch_ids * C + camera_ids}
         else:
             radii, means2d, depths, conics, comps = proj
             opac = torch.broadcast_to(opacities[..., None, :], (*batch_dims, C, N))
-            batch_ids = camera_ids = gaussian_ids = image_ids = None
+            ids = {}
         if comps is not None:
             opac = opac * comps
-        meta: dict = {
-            "batch_ids": batch_ids, "camera_ids": camera_ids, "gaussian_ids": gaussian_ids,
-            "radii": radii, "means2d": means2d, "depths": depths, "conics": conics,
-            "opacities": opac,
-        }
+        return cls(radii, means2d, depths, conics, opac, **ids)
 
-        colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
-                                 PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
-                                 backend)
+    def meta(self) -> dict:
+        """gsplat's meta entries of the projection."""
+        return {
+            "batch_ids": self.batch_ids, "camera_ids": self.camera_ids,
+            "gaussian_ids": self.gaussian_ids, "radii": self.radii, "means2d": self.means2d,
+            "depths": self.depths, "conics": self.conics, "opacities": self.opacities,
+        }  # fmt: skip
 
-        if distributed:
-            if packed:
-                camera_ids, gaussian_ids, (radii, means2d, depths, conics, opac, colors) = (
-                    sharding.exchange_packed(world_size, rank, n_cams, n_gauss, camera_ids,
-                                             gaussian_ids,
-                                             [radii, means2d, depths, conics, opac, colors]))
-                image_ids = camera_ids
-            else:
-                radii, means2d, depths, conics, opac, colors = sharding.exchange_unpacked(
-                    world_size, rank, n_cams, n_gauss,
-                    [radii, means2d, depths, conics, opac, colors])
-            C = n_cams[rank]
-            meta.update({"n_cameras_per_rank": n_cams, "n_gaussians_per_rank": n_gauss})
 
-        colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
+@dataclass
+class _ModelParallel:
+    """``distributed=True``: this rank's Gaussians are projected into every rank's cameras
+    (``viewmats`` [C_all, 4, 4], ``Ks``), then the pairs of each rank's cameras go to it."""
 
-        # what the rasterizer composites ([..., C, N, D] or [nnz, D]); its gradient is the
-        # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
-        meta["colors"] = colors
+    rank: int
+    world_size: int
+    viewmats: Tensor
+    Ks: Tensor
+    n_cameras: list[int]
+    n_gaussians: list[int]
 
-        tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch_dims, B, C,
-                           packed, image_ids, gaussian_ids, backend)
-        isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
-        meta.update(tiles.meta())
-        meta.update({
-            "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
-            "n_cameras": C, "backward_scheme": scheme,
-        })
+    @property
+    def n_all_cameras(self) -> int:
+        return int(self.viewmats.shape[0])
 
-        n_channels = colors.shape[-1]
-        chunks_c, chunks_a = [], []
-        last_ids = None
-        for start in range(0, n_channels, channel_chunk):
-            stop = min(start + channel_chunk, n_channels)
-            out_c, out_a, ids = rasterize_to_pixels(
-                means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
-                isect_offsets, flatten_ids,
-                backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
-                packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
-                backend=backend,
-            )
-            chunks_c.append(out_c)
-            chunks_a.append(out_a)
-            last_ids = ids if last_ids is None else last_ids
-        render_colors = chunks_c[0] if len(chunks_c) == 1 else torch.cat(chunks_c, dim=-1)
-        render_alphas = chunks_a[0]
-        meta["last_ids"] = last_ids
+    @classmethod
+    def start(cls, g: _Inputs, absgrad: bool, means: Tensor, viewmats: Tensor,
+              Ks: Tensor) -> _ModelParallel:
+        """Every rank's cameras, after the checks of what model parallelism supports."""
+        if g.batch_dims:
+            raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
+                             f"{tuple(means.shape)}")
+        if absgrad:
+            raise ValueError("rasterization(distributed=True) does not support absgrad")
+        if g.per_view:
+            raise ValueError("rasterization(distributed=True) needs per-Gaussian colors "
+                             "[N, D] or [N, K, 3], not per-camera ones")
+        rank, world_size = sharding.world()
+        check_tensor("Ks", Ks)
+        viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, g.N)
+        return cls(rank, world_size, viewmats, Ks, n_cams, n_gauss)
 
-        return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta
+    def exchange(self, pairs: _Pairs, colors: Tensor, packed: bool) -> Tensor:
+        """Send each rank the pairs of its cameras and receive those of this rank's cameras,
+        in ``pairs`` (in place) and the returned colours."""
+        tensors = [pairs.radii, pairs.means2d, pairs.depths, pairs.conics, pairs.opacities,
+                   colors]
+        if packed:
+            pairs.camera_ids, pairs.gaussian_ids, tensors = sharding.exchange_packed(
+                self.world_size, self.rank, self.n_cameras, self.n_gaussians, pairs.camera_ids,
+                pairs.gaussian_ids, tensors)
+            pairs.image_ids = pairs.camera_ids
+        else:
+            tensors = sharding.exchange_unpacked(self.world_size, self.rank, self.n_cameras,
+                                                 self.n_gaussians, tensors)
+        pairs.radii, pairs.means2d, pairs.depths, pairs.conics, pairs.opacities, colors = tensors
+        return colors
+
+
+def _rasterize_in_chunks(
+    pairs: _Pairs,
+    colors: Tensor,  # [..., C, N, D] or [nnz, D]
+    backgrounds: Tensor | None,  # [..., C, D]
+    tiles: TileLists,
+    width: int,
+    height: int,
+    tile_size: int,
+    channel_chunk: int,
+    packed: bool,
+    absgrad: bool,
+    scheme: str,
+    backend: str | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(render_colors [..., C, H, W, D], render_alphas [..., C, H, W, 1], last_ids) of
+    ``rasterize_to_pixels`` over at most ``channel_chunk`` channels at a time."""
+    n_channels = colors.shape[-1]
+    chunks_c, chunks_a = [], []
+    last_ids = None
+    for start in range(0, n_channels, channel_chunk):
+        stop = min(start + channel_chunk, n_channels)
+        out_c, out_a, ids = rasterize_to_pixels(
+            pairs.means2d, pairs.conics, colors[..., start:stop], pairs.opacities, width,
+            height, tile_size, tiles.isect_offsets, tiles.flatten_ids,
+            backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
+            packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
+            backend=backend,
+        )
+        chunks_c.append(out_c)
+        chunks_a.append(out_a)
+        last_ids = ids if last_ids is None else last_ids
+    render_colors = chunks_c[0] if len(chunks_c) == 1 else torch.cat(chunks_c, dim=-1)
+    return render_colors, chunks_a[0], last_ids
