@@ -6,13 +6,8 @@ TRANSMITTANCE_STOP = 1e-4  # a pixel stops when T would fall to this or below
 PIXEL_CENTER = 0.5  # pixel (x, y) is sampled at (x + 0.5, y + 0.5)
 RADIUS_SIGMAS = 3.33  # radii = ceil(RADIUS_SIGMAS * sqrt(diag(cov2d)))
 DET_MIN = 1e-10  # lower clamp of det(cov2d) before inversion, as gsplat's reference
-FISHEYE_EPS = 1e-7  # gsplat's epsilon in the fisheye projection
 TILE_SIZE = 16  # pixels on a side of a rasterizer tile: gsplat's default `tile_size`
 
-# Camera models: the code each native kernel dispatches on (backends/shared/cameras.py) by
-# name; a new model is one more entry (docs/README.md, "where things go").
-CAMERA_CODES = {"pinhole": 0, "ortho": 1, "fisheye": 2}
-CAMERA_MODELS = tuple(CAMERA_CODES)
 RASTERIZE_MODES = ("classic", "antialiased")
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
