@@ -17,8 +17,9 @@ fresh process with the copy on ``PYTHONPATH`` uses the toy through the public ca
 - data source: ``data/toy.py`` (a ``toy.json`` of posed PNGs) and its ``Layout`` line in
   ``LAYOUTS``: ``load_dataset`` finds it and its frames load.
 
-Cost on the 2-core CI machine: ~2 min, nearly all of it Numba compiling the CPU rasterizer
-once for the camera (the other two seams take seconds).
+Cost: 56 s on the shared 2-core machine (pytest, one process), nearly all of it Numba
+compiling the CPU projection kernels and then the whole CPU rasterizer for the camera into a
+fresh cache; the other two seams take 3 s each.
 """
 
 from __future__ import annotations
