@@ -26,21 +26,23 @@ from pathlib import Path
 
 import torch
 
-from tilesplat.io.gaussians import ARRAY_NAMES, FORMATS, read_gaussians, save_gaussians
+from tilesplat.io.gaussians import FORMATS, read_gaussians, save_gaussians
 from tilesplat.io.gsplat_ckpt import read_gsplat_checkpoint, save_gsplat_checkpoint
 
 
 def garden_model() -> dict[str, torch.Tensor]:
-    """The garden scene's Gaussians as raw parameters, SH degree 3."""
+    """The garden scene's Gaussians as the trainer's parameters, SH degree 3."""
     from tilesplat.data.scenes import load_garden
 
     scene = load_garden()
+    sh = scene.sh_coeffs(3)
     return {
         "means": scene.means,
+        "scales": scene.scales.log(),
         "quats": scene.quats,
-        "log_scales": scene.scales.log(),
-        "opacity_logits": torch.logit(scene.opacities),
-        "sh": scene.sh_coeffs(3),
+        "opacities": torch.logit(scene.opacities),
+        "sh0": sh[:, :1],
+        "shN": sh[:, 1:],
     }
 
 
@@ -62,7 +64,7 @@ def main() -> None:
         g = open_model(args.model).gaussians
     else:
         g = garden_model()
-    n, k = g["sh"].shape[:2]
+    n, k = len(g["means"]), g["shN"].shape[1] + 1
     print(f"{n} Gaussians, SH degree {int(k ** 0.5) - 1}, torch threads "
           f"{torch.get_num_threads()}, CPUs {os.cpu_count()}")  # fmt: skip
     print("| format | file | size (MB) | bytes / Gaussian | write (s) | load (s) |")
@@ -71,7 +73,7 @@ def main() -> None:
              lambda p: save_gaussians(p, g), lambda p: read_gaussians(p).gaussians)
             for suffix, fmt in FORMATS.items()]  # fmt: skip
     rows.append(("gsplat-ckpt", "ckpts/ckpt_0_rank0.pt",
-                 lambda p: save_gsplat_checkpoint(p, *[g[k] for k in ARRAY_NAMES]),
+                 lambda p: save_gsplat_checkpoint(p, g),
                  lambda p: read_gsplat_checkpoint(p)[0].gaussians))  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for name, file, save, load in rows:

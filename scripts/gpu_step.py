@@ -227,8 +227,8 @@ def bench_step(scene_name: str, steps: int, tiny: bool) -> dict[str, Any]:
     with torch.no_grad():
         p = step.params
         _, _, meta = rasterization(
-            p["means"], p["quats"], torch.exp(p["log_scales"]),
-            torch.sigmoid(p["logit_opacities"]), torch.cat([p["sh0"], p["shN"]], dim=1),
+            p["means"], p["quats"], torch.exp(p["scales"]),
+            torch.sigmoid(p["opacities"]), torch.cat([p["sh0"], p["shN"]], dim=1),
             inp.viewmats, inp.Ks, inp.width, inp.height, sh_degree=inp.sh_degree,
             tile_size=inp.tile_size, backend="cuda")
     capacity = IsectCapacity(max(1, int(1.15 * int(meta["tiles_per_gauss"].sum()))))

@@ -129,3 +129,16 @@ def run_in_cuda_simulator(paths: list[str], rootdir: str, timeout: float = 600) 
     summary = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", out, re.M)
     assert set(summary) == {"PASSED"}, out[-6000:]  # nothing skipped, nothing xfailed
     return re.findall(r"^PASSED (\S+)", out, re.M)
+
+
+def splats_of(means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor,
+              sh: Tensor) -> dict[str, Tensor]:
+    """Gaussians by gsplat's names (what every splat file reads and writes) from all K SH
+    coefficients ``sh`` [N, K, 3]: ``sh0`` [N, 1, 3] and ``shN`` [N, K - 1, 3]."""
+    return {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+            "sh0": sh[:, :1], "shN": sh[:, 1:]}  # fmt: skip
+
+
+def all_sh(splats: dict[str, Tensor]) -> Tensor:
+    """All K SH coefficients [N, K, 3] of Gaussians by gsplat's names (``sh0`` and ``shN``)."""
+    return torch.cat([splats["sh0"], splats["shN"]], dim=1)

@@ -11,6 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "tilesplat"
 LAYER = {
     "constants": -1,
+    "sh_rgb": -1,
     "devices": -1,
     "keys": -1,
     "command_env": -1,

@@ -19,13 +19,14 @@ def _gaussians(n: int, degree: int, seed: int = 0) -> dict[str, torch.Tensor]:
     out = {
         "means": torch.randn(n, 3, generator=g) * 10,
         "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.randn(n, 3, generator=g) - 4,
-        "opacity_logits": torch.randn(n, generator=g) * 3,
-        "sh": torch.randn(n, k, 3, generator=g),
+        "scales": torch.randn(n, 3, generator=g) - 4,
+        "opacities": torch.randn(n, generator=g) * 3,
     }
+    sh = torch.randn(n, k, 3, generator=g)
+    out |= {"sh0": sh[:, :1], "shN": sh[:, 1:]}
     # values that a lossy path (float64 detour, text formatting) would not keep bit for bit
     out["means"][0] = torch.tensor([-0.0, 1e-38, 3.4e38])
-    out["sh"][-1, 0] = torch.tensor([float.fromhex("0x1.fffffep-1"), -1e-45, 7.0])
+    out["sh0"][-1, 0] = torch.tensor([float.fromhex("0x1.fffffep-1"), -1e-45, 7.0])
     return out
 
 
@@ -38,7 +39,7 @@ def _header(path) -> tuple[list[str], int]:
 @pytest.mark.parametrize("degree", [0, 1, 2, 3])
 def test_round_trip_is_bitwise(tmp_path, degree):
     g = _gaussians(17, degree)
-    path = save_ply(tmp_path / "a.ply", **g)
+    path = save_ply(tmp_path / "a.ply", g)
     back = load_ply(path)
     assert set(back) == set(g)
     for name, t in g.items():
@@ -48,7 +49,7 @@ def test_round_trip_is_bitwise(tmp_path, degree):
 
 def test_header_layout_and_size(tmp_path):
     n = 5
-    path = save_ply(tmp_path / "a.ply", **_gaussians(n, 3))
+    path = save_ply(tmp_path / "a.ply", _gaussians(n, 3))
     lines, end = _header(path)
     props = [ln.split()[2] for ln in lines if ln.startswith("property")]
     assert lines[:3] == ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
@@ -67,10 +68,11 @@ def test_f_rest_is_channel_major_and_raw_values(tmp_path):
     n, degree = 2, 2
     k = (degree + 1) ** 2
     g = _gaussians(n, degree)
-    # sh[i, b, c] = 100 c + b (+ 1000 i): channel-major f_rest_j = sh[i, 1 + j % (k-1), j // (k-1)]
+    # sh[i, b, c] = 100 c + b (+ 1000 i): channel-major f_rest_j = shN[i, j % (k-1), j // (k-1)]
     idx = torch.arange(n)[:, None, None] * 1000.0
-    g["sh"] = idx + torch.arange(k)[None, :, None] + 100.0 * torch.arange(3)[None, None, :]
-    path = save_ply(tmp_path / "a.ply", **g)
+    sh = idx + torch.arange(k)[None, :, None] + 100.0 * torch.arange(3)[None, None, :]
+    g["sh0"], g["shN"] = sh[:, :1], sh[:, 1:]
+    path = save_ply(tmp_path / "a.ply", g)
     lines, end = _header(path)
     props = [ln.split()[2] for ln in lines if ln.startswith("property")]
     data = np.frombuffer(path.read_bytes()[end:], dtype="<f4").reshape(n, len(props))
@@ -79,14 +81,14 @@ def test_f_rest_is_channel_major_and_raw_values(tmp_path):
         c, b = divmod(j, k - 1)
         np.testing.assert_array_equal(col[f"f_rest_{j}"], np.arange(n) * 1000.0 + 1 + b + 100 * c)
     np.testing.assert_array_equal(col["f_dc_1"], np.arange(n) * 1000.0 + 100)
-    np.testing.assert_array_equal(col["opacity"], g["opacity_logits"].numpy())
-    np.testing.assert_array_equal(col["scale_2"], g["log_scales"][:, 2].numpy())
+    np.testing.assert_array_equal(col["opacity"], g["opacities"].numpy())
+    np.testing.assert_array_equal(col["scale_2"], g["scales"][:, 2].numpy())
     np.testing.assert_array_equal(col["rot_0"], g["quats"][:, 0].numpy())  # w first
     np.testing.assert_array_equal(col["nx"], np.zeros(n))
 
 
 def test_truncated_file_names_the_file(tmp_path):
-    path = save_ply(tmp_path / "a.ply", **_gaussians(4, 1))
+    path = save_ply(tmp_path / "a.ply", _gaussians(4, 1))
     raw = path.read_bytes()
     _, end = _header(path)
     for cut in (len(raw) - 1, end + 3, end, end - 5, 10, 0):
@@ -109,7 +111,7 @@ TAIL = ["scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
 
 def test_malformed_headers(tmp_path):
     ok = load_ply(_write_header_ply(tmp_path / "ok.ply", BASE + TAIL))  # no normals: accepted
-    assert ok["sh"].shape == (2, 1, 3)
+    assert ok["sh0"].shape == (2, 1, 3) and ok["shN"].shape == (2, 0, 3)
     with pytest.raises(ValueError, match=r"missing.*opacity"):
         load_ply(_write_header_ply(tmp_path / "m.ply", BASE[:-1] + TAIL))
     rest = [f"f_rest_{i}" for i in range(10)]
@@ -140,13 +142,17 @@ def test_double_properties_are_read(tmp_path):
 
 def test_save_is_atomic_and_checks_shapes(tmp_path):
     g = _gaussians(3, 1)
-    save_ply(tmp_path / "a.ply", **g)
-    save_ply(tmp_path / "a.ply", **g)  # overwrite in place
+    save_ply(tmp_path / "a.ply", g)
+    save_ply(tmp_path / "a.ply", g)  # overwrite in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ply"]
     with pytest.raises(ValueError, match="quats"):
-        save_ply(tmp_path / "b.ply", **{**g, "quats": g["quats"][:, :3]})
-    with pytest.raises(ValueError, match="square"):
-        save_ply(tmp_path / "b.ply", **{**g, "sh": torch.zeros(3, 5, 3)})
+        save_ply(tmp_path / "b.ply", {**g, "quats": g["quats"][:, :3]})
+    with pytest.raises(ValueError, match=r"shN: 4 coefficients per colour; \(degree \+ 1\)"):
+        save_ply(tmp_path / "b.ply", {**g, "shN": torch.zeros(3, 4, 3)})
+    with pytest.raises(ValueError, match=r"splats: expected the keys .*; missing \['sh0'\]"):
+        save_ply(tmp_path / "b.ply", {k: v for k, v in g.items() if k != "sh0"})
+    with pytest.raises(ValueError, match=r"unknown \['sh'\]"):
+        save_ply(tmp_path / "b.ply", {**g, "sh": torch.zeros(3, 4, 3)})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ply"]
 
 
@@ -157,16 +163,16 @@ def test_reads_gsplat_export_and_matches_it(tmp_path):
     g = _gaussians(9, 3)
     export_splats(
         means=g["means"],
-        scales=g["log_scales"],
+        scales=g["scales"],
         quats=g["quats"],
-        opacities=g["opacity_logits"],
-        sh0=g["sh"][:, :1],
-        shN=g["sh"][:, 1:],
+        opacities=g["opacities"],
+        sh0=g["sh0"],
+        shN=g["shN"],
         format="ply",
         save_to=str(tmp_path / "gsplat.ply"),
     )
     theirs = load_ply(tmp_path / "gsplat.ply")
-    ours = load_ply(save_ply(tmp_path / "ours.ply", **g))
+    ours = load_ply(save_ply(tmp_path / "ours.ply", g))
     for name, t in g.items():
         assert torch.equal(theirs[name], t), name
         assert torch.equal(ours[name], t), name
@@ -183,7 +189,7 @@ def _ascii_ply(path, props: list[str], rows: np.ndarray, fmt: str = "ascii") -> 
 def test_ascii_and_big_endian_read_as_the_binary_file(tmp_path, degree):
     g = _gaussians(6, degree)
     g["means"][0] = torch.tensor([1.5, -2.25, 3.0])  # ascii keeps repr(float32) exactly
-    ref = load_ply(save_ply(tmp_path / "le.ply", **g))
+    ref = load_ply(save_ply(tmp_path / "le.ply", g))
     lines, end = _header(tmp_path / "le.ply")
     props = [ln.split()[2] for ln in lines if ln.startswith("property")]
     data = np.frombuffer((tmp_path / "le.ply").read_bytes()[end:], "<f4").reshape(6, -1)
@@ -217,7 +223,7 @@ def test_extra_properties_and_elements_are_ignored_with_a_note(tmp_path):
     (tmp_path / "x.ply").write_bytes(header.encode() + rows.tobytes() + bytes(4))
     data = read_ply(tmp_path / "x.ply")
     assert data.gaussians["means"].tolist() == [[0, 1, 2], [16, 17, 18]]
-    assert data.gaussians["log_scales"][0].tolist() == [9, 10, 11]  # after red, green
+    assert data.gaussians["scales"][0].tolist() == [9, 10, 11]  # after red, green
     assert any("ignored vertex properties red, green" in n for n in data.notes)
     assert any("ignored PLY elements camera" in n for n in data.notes)
     with pytest.warns(UserWarning, match="red, green"):
@@ -228,11 +234,11 @@ def test_extra_properties_and_elements_are_ignored_with_a_note(tmp_path):
 
 def test_antialiased_models_carry_the_mip_comment(tmp_path):
     g = _gaussians(3, 1)
-    path = save_ply(tmp_path / "aa.ply", **g, antialiased=True)
+    path = save_ply(tmp_path / "aa.ply", g, antialiased=True)
     lines, _ = _header(path)
     assert "comment SplatRenderMode: mip" in lines
     assert read_ply(path).antialiased
-    assert not read_ply(save_ply(tmp_path / "no.ply", **g)).antialiased
+    assert not read_ply(save_ply(tmp_path / "no.ply", g)).antialiased
     raw = path.read_bytes().replace(b"SplatRenderMode: mip", b"antialiased 1       ")
     (tmp_path / "postshot.ply").write_bytes(raw)  # Postshot's spelling
     assert read_ply(tmp_path / "postshot.ply").antialiased
@@ -240,9 +246,9 @@ def test_antialiased_models_carry_the_mip_comment(tmp_path):
 
 def test_non_finite_values_name_the_field_and_gaussian(tmp_path):
     g = _gaussians(5, 0)
-    g["log_scales"][3, 1] = float("inf")
-    path = save_ply(tmp_path / "inf.ply", **g)
-    with pytest.raises(ValueError, match="inf.ply: log_scales of Gaussian 3 is not finite"):
+    g["scales"][3, 1] = float("inf")
+    path = save_ply(tmp_path / "inf.ply", g)
+    with pytest.raises(ValueError, match="inf.ply: scales of Gaussian 3 is not finite"):
         load_ply(path)
 
 
@@ -279,11 +285,11 @@ def test_twelve_million_gaussians_round_trip(tmp_path):
         rec.tofile(f)
     del rec
     g = load_ply(tmp_path / "big.ply")
-    assert g["means"].shape == (n, 3) and g["sh"].shape == (n, 1, 3)
+    assert g["means"].shape == (n, 3) and g["sh0"].shape == (n, 1, 3)
     assert g["means"][-1].tolist() == [n - 1, 0, -(n - 1) / 2]
-    assert g["opacity_logits"][199].item() == 99 and g["quats"][7].tolist() == [1, 0, 0, 0]
+    assert g["opacities"][199].item() == 99 and g["quats"][7].tolist() == [1, 0, 0, 0]
     (tmp_path / "big.ply").unlink()
-    back = load_ply(save_ply(tmp_path / "again.ply", **g))
+    back = load_ply(save_ply(tmp_path / "again.ply", g))
     for k, t in g.items():
         assert torch.equal(back[k], t), k
     assert time.perf_counter() - start < 60

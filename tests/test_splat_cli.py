@@ -20,27 +20,22 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _gaussians(n: int, degree: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     k = (degree + 1) ** 2
-    return {
+    out = {
         "means": torch.randn(n, 3, generator=g),
         "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.rand(n, 3, generator=g) * 2 - 5,
-        "opacity_logits": torch.randn(n, generator=g),
-        "sh": torch.rand(n, k, 3, generator=g) * 0.6 - 0.3,
+        "scales": torch.rand(n, 3, generator=g) * 2 - 5,
+        "opacities": torch.randn(n, generator=g),
     }
-
-
-def _splats(g):
-    return {"means": g["means"], "scales": g["log_scales"], "quats": g["quats"],
-            "opacities": g["opacity_logits"], "sh0": g["sh"][:, :1],
-            "shN": g["sh"][:, 1:]}  # fmt: skip
+    sh = torch.rand(n, k, 3, generator=g) * 0.6 - 0.3
+    return out | {"sh0": sh[:, :1], "shN": sh[:, 1:]}
 
 
 def _gsplat_run(folder, parts, step=6999, antialiased=False):
     (folder / "ckpts").mkdir(parents=True)
     for rank, g in enumerate(parts):
-        torch.save({"step": step, "splats": _splats(g)}, folder / "ckpts" /
+        torch.save({"step": step, "splats": dict(g)}, folder / "ckpts" /
                    f"ckpt_{step}_rank{rank}.pt")  # fmt: skip
-    torch.save({"step": 99, "splats": _splats(parts[0])}, folder / "ckpts" / "ckpt_99_rank0.pt")
+    torch.save({"step": 99, "splats": dict(parts[0])}, folder / "ckpts" / "ckpt_99_rank0.pt")
     (folder / "cfg.yml").write_text(f"max_steps: 30000\nantialiased: {str(antialiased).lower()}\n")
 
 
@@ -53,7 +48,7 @@ def test_gsplat_checkpoints_open_as_files_and_result_folders(tmp_path):
     for k in a:  # both ranks' shards, in rank order
         assert torch.equal(data.gaussians[k], torch.cat([a[k], b[k]])), k
     one = open_model(tmp_path / "res" / "ckpts" / "ckpt_6999_rank0.pt")
-    assert torch.equal(one.gaussians["sh"], a["sh"]) and "gsplat, step 6999" in one.source
+    assert torch.equal(one.gaussians["shN"], a["shN"]) and "gsplat, step 6999" in one.source
     assert len(open_model(tmp_path / "res").gaussians["means"]) == 27
 
 
@@ -64,15 +59,15 @@ def test_gsplat_checkpoint_errors(tmp_path):
         def __reduce__(self):
             return (print, ("pickled code ran",))
 
-    torch.save({"step": 1, "splats": _splats(g), "x": Evil()}, tmp_path / "evil.pt")
+    torch.save({"step": 1, "splats": dict(g), "x": Evil()}, tmp_path / "evil.pt")
     with pytest.raises(ValueError, match="evil.pt: not a readable PyTorch checkpoint"):
         read_gsplat_checkpoint(tmp_path / "evil.pt")  # weights_only: nothing unpickled
-    bad = _splats(g)
+    bad = dict(g)
     bad["features"] = torch.zeros(5, 32)
     torch.save({"step": 1, "splats": bad}, tmp_path / "app.pt")
     with pytest.raises(ValueError, match="appearance embeddings"):
         read_gsplat_checkpoint(tmp_path / "app.pt")
-    bad = {**_splats(g), "shN": torch.zeros(5, 4, 3)}
+    bad = {**dict(g), "shN": torch.zeros(5, 4, 3)}
     torch.save({"step": 1, "splats": bad}, tmp_path / "shn.pt")
     with pytest.raises(ValueError, match=r"splats\['shN'\] has shape"):
         read_gsplat_checkpoint(tmp_path / "shn.pt")
@@ -86,17 +81,17 @@ def test_gsplat_checkpoint_errors(tmp_path):
 
 def test_gsplat_checkpoint_written_is_what_gsplat_loads(tmp_path):
     g = _gaussians(9, 2)
-    save_gsplat_checkpoint(tmp_path / "c.pt", **g, step=3)
+    save_gsplat_checkpoint(tmp_path / "c.pt", g, step=3)
     ckpt = torch.load(tmp_path / "c.pt", weights_only=True)
     assert ckpt["step"] == 3 and ckpt["splats"]["shN"].shape == (9, 8, 3)
-    assert torch.equal(ckpt["splats"]["scales"], g["log_scales"])
+    assert torch.equal(ckpt["splats"]["scales"], g["scales"])
     back = read_gsplat_checkpoint(tmp_path / "c.pt")[0].gaussians
     assert all(torch.equal(back[k], g[k]) for k in g)
 
 
 def test_export_to_every_format(tmp_path, capsys):
     g = _gaussians(300, 3)
-    src = save_ply(tmp_path / "in.ply", **g, antialiased=True)
+    src = save_ply(tmp_path / "in.ply", g, antialiased=True)
     names = [n for n in BY_NAME if n != "ply"] + ["gsplat-ckpt"]
     args = ["export", str(src)]
     for name in names:
@@ -123,7 +118,7 @@ def test_export_to_every_format(tmp_path, capsys):
     assert (tmp_path / "v3.spz").read_bytes()[:2] == b"\x1f\x8b"
     assert main(["export", str(tmp_path / "in.sog"), "--to", "ply", "--out",
                  str(tmp_path / "back.ply")]) == 0  # fmt: skip
-    assert load_ply(tmp_path / "back.ply")["sh"].shape == (300, 16, 3)
+    assert load_ply(tmp_path / "back.ply")["shN"].shape == (300, 15, 3)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +137,7 @@ def test_export_to_every_format(tmp_path, capsys):
 )
 def test_export_errors_are_one_line(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    save_ply(tmp_path / "in.ply", **_gaussians(5, 4))
+    save_ply(tmp_path / "in.ply", _gaussians(5, 4))
     (tmp_path / "bad.spz").write_bytes(b"\x1f\x8b" + bytes(10))
     args = [{"IN": "in.ply", "BAD": "bad.spz"}.get(a, a) for a in args]
     assert main(args) == 2
@@ -163,9 +158,9 @@ def test_train_init_starts_from_the_files_gaussians(tmp_path, capsys, monkeypatc
                       lpips=False)  # fmt: skip
     params = Trainer(cfg, data, tmp_path / "run").params
     assert torch.equal(params["means"].detach(), g["means"])
-    assert torch.equal(params["shN"].detach(), g["sh"][:, 1:4])  # degree 3 cut to 1
+    assert torch.equal(params["shN"].detach(), g["shN"][:, :3])  # degree 3 cut to 1
     monkeypatch.chdir(tmp_path)
-    ply = save_ply(tmp_path / "start.ply", **_gaussians(40, 0))
+    ply = save_ply(tmp_path / "start.ply", _gaussians(40, 0))
     args = ["train", "--init", str(ply)]
     for s in ("synthetic_size=16", "synthetic_train=2", "synthetic_test=1", "steps=1",
               "sh_degree=1", "progress=false", "lpips=false", f"cache_dir={tmp_path / 'c'}",
@@ -173,7 +168,7 @@ def test_train_init_starts_from_the_files_gaussians(tmp_path, capsys, monkeypatc
         args += ["--set", s]
     assert main(args) == 0
     out = load_ply(tmp_path / "runs" / "init" / "point_cloud.ply")
-    assert out["means"].shape == (40, 3) and out["sh"].shape == (40, 4, 3)
+    assert out["means"].shape == (40, 3) and out["shN"].shape == (40, 3, 3)
     assert main(["train", "--init", str(tmp_path / "nothing.ply")]) == 2
     assert "no such file" in capsys.readouterr().err
     torch.save({"format": "tilesplat-checkpoint", "params": {}}, tmp_path / "ts.pt")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import all_sh, splats_of
 from tilesplat.cli import main
 from tilesplat.constants import SH_C0
 from tilesplat.io.gaussians import load_gaussians, save_gaussians
@@ -36,13 +37,8 @@ def _gaussians(n: int, degree: int, seed: int = 0) -> dict[str, torch.Tensor]:
     k = (degree + 1) ** 2
     sh = torch.rand(n, k, 3, generator=g) * 1.8 - 0.9
     sh[:, 0] = (torch.rand(n, 3, generator=g) - 0.5) / SH_C0 * 0.95
-    return {
-        "means": torch.randn(n, 3, generator=g) * 3,
-        "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.rand(n, 3, generator=g) * 6 - 8,
-        "opacity_logits": torch.randn(n, generator=g) * 2,
-        "sh": sh,
-    }
+    return splats_of(torch.randn(n, 3, generator=g) * 3, torch.randn(n, 4, generator=g),
+                     torch.rand(n, 3, generator=g) * 6 - 8, torch.randn(n, generator=g) * 2, sh)
 
 
 def _rotation_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -61,26 +57,26 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 def _spz_bounds(back, g, degree, version=4):
     """The quantisation of each field (Niantic's layout): asserted per field."""
-    assert back["sh"].shape == g["sh"].shape
+    assert all_sh(back).shape == all_sh(g).shape
     assert (back["means"] - g["means"]).abs().max() <= 0.5 / 4096 + 1e-6  # 12 fractional bits
-    assert (back["log_scales"] - g["log_scales"]).abs().max() <= 0.5 / 16 + 1e-6
+    assert (back["scales"] - g["scales"]).abs().max() <= 0.5 / 16 + 1e-6
     rot = 2e-5 if version >= 3 else 1e-2  # 9 bits of |q| / sqrt(1/2); v2: 8 bits of x, y, z
     assert _rotation_error(back["quats"], g["quats"]) < rot
-    alpha = (_sigmoid(back["opacity_logits"]) - _sigmoid(g["opacity_logits"])).abs()
+    alpha = (_sigmoid(back["opacities"]) - _sigmoid(g["opacities"])).abs()
     assert alpha.max() <= 0.5 / 255 + 1e-6
-    assert (back["sh"][:, 0] - g["sh"][:, 0]).abs().max() <= 0.5 / (0.15 * 255) + 1e-5
+    assert (all_sh(back)[:, 0] - all_sh(g)[:, 0]).abs().max() <= 0.5 / (0.15 * 255) + 1e-5
     if degree >= 1:  # 5 bits for degree 1, 4 for the rest, after rounding to 1/128
-        err1 = (back["sh"][:, 1:4] - g["sh"][:, 1:4]).abs().max()
+        err1 = (all_sh(back)[:, 1:4] - all_sh(g)[:, 1:4]).abs().max()
         assert err1 <= (4 + 0.5) / 128 + 1e-6
     if degree >= 2:
-        assert (back["sh"][:, 4:] - g["sh"][:, 4:]).abs().max() <= (8 + 0.5) / 128 + 1e-6
+        assert (all_sh(back)[:, 4:] - all_sh(g)[:, 4:]).abs().max() <= (8 + 0.5) / 128 + 1e-6
 
 
 @pytest.mark.parametrize("degree", [0, 1, 3, 4])
 @pytest.mark.parametrize("version", [4, 3, 2])
 def test_spz_round_trip_within_quantisation(tmp_path, degree, version):
     g = _gaussians(500, degree)
-    back = load_spz(save_spz(tmp_path / "a.spz", **g, version=version))
+    back = load_spz(save_spz(tmp_path / "a.spz", g, version=version))
     _spz_bounds(back, g, degree, version)
 
 
@@ -103,10 +99,10 @@ def _v4_parts(raw: bytes):
 def test_spz_v4_layout_is_the_specs_and_keeps_the_ply_axes(tmp_path):
     g = _gaussians(3, 1)
     g["means"][0] = torch.tensor([1.0, 2.0, -0.5])
-    g["log_scales"][0] = torch.tensor([-10.0, 0.0, 5.9])
-    g["opacity_logits"][0] = 0.0
+    g["scales"][0] = torch.tensor([-10.0, 0.0, 5.9])
+    g["opacities"][0] = 0.0
     g["quats"][0] = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    raw = save_spz(tmp_path / "a.spz", **g, antialiased=True).read_bytes()
+    raw = save_spz(tmp_path / "a.spz", g, antialiased=True).read_bytes()
     assert raw[:4] == b"NGSP"
     fields, (pos, alphas, _, scales, rot, sh) = _v4_parts(raw)
     assert fields[:8] == (MAGIC, 4, 3, 1, 12, 1, 6, 32) and fields[8] == bytes(12)
@@ -121,14 +117,14 @@ def test_spz_v4_layout_is_the_specs_and_keeps_the_ply_axes(tmp_path):
     assert read_spz(tmp_path / "a.spz").antialiased
     # degree 0: the empty SH stream is left out (5 streams)
     g0 = _gaussians(4, 0)
-    assert HEADER_V4.unpack(encode_spz(**g0)[:32])[6] == 5
-    assert load_spz(save_spz(tmp_path / "d0.spz", **g0))["sh"].shape == (4, 1, 3)
+    assert HEADER_V4.unpack(encode_spz(g0)[:32])[6] == 5
+    assert load_spz(save_spz(tmp_path / "d0.spz", g0))["shN"].shape == (4, 0, 3)
 
 
 def test_spz_v3_layout(tmp_path):
     g = _gaussians(3, 1)
     g["means"][0] = torch.tensor([1.0, 2.0, -0.5])
-    raw = gzip.decompress(save_spz(tmp_path / "a.spz", **g, version=3).read_bytes())
+    raw = gzip.decompress(save_spz(tmp_path / "a.spz", g, version=3).read_bytes())
     assert HEADER.unpack(raw[:16]) == (MAGIC, 3, 3, 1, 12, 0, 0)
     assert len(raw) == 16 + 3 * (9 + 1 + 3 + 3 + 4 + 9)
     assert raw[16:19] == bytes([0, 16, 0])  # x = 4096 little endian, unflipped
@@ -143,7 +139,7 @@ def test_spz_version_1_float16_positions(tmp_path):
                                                     mtime=0))  # fmt: skip
     back = load_spz(tmp_path / "v1.spz")
     assert back["means"].tolist() == [[1.5, -2.0, 0.25], [3.0, 0.0, -1.0]]
-    assert back["log_scales"].tolist() == [[0.0] * 3] * 2
+    assert back["scales"].tolist() == [[0.0] * 3] * 2
     assert torch.allclose(back["quats"][0], torch.tensor([1.0, 0, 0, 0]), atol=0.01)
 
 
@@ -160,13 +156,13 @@ def test_spz_smallest_three_against_exact_quaternions():
 def test_spz_large_coordinates_use_fewer_fractional_bits(tmp_path):
     g = _gaussians(10, 0)
     g["means"][0, 0] = 5000.0
-    bits = HEADER_V4.unpack(encode_spz(**g)[:32])[4]
+    bits = HEADER_V4.unpack(encode_spz(g)[:32])[4]
     assert bits == 10  # 5000 * 2^10 < 2^23 <= 5000 * 2^11
-    back = load_spz(save_spz(tmp_path / "a.spz", **g))
+    back = load_spz(save_spz(tmp_path / "a.spz", g))
     assert (back["means"] - g["means"]).abs().max() <= 0.5 / 1024 + 1e-4
     g["means"][0, 0] = 1e7
     with pytest.raises(ValueError, match="24-bit range"):
-        encode_spz(**g)
+        encode_spz(g)
 
 
 def _with_records(raw: bytes, records: bytes) -> bytes:
@@ -179,8 +175,8 @@ def _with_records(raw: bytes, records: bytes) -> bytes:
 
 def test_spz_extension_records_are_honoured_or_skipped(tmp_path):
     g = _gaussians(20, 2)
-    raw = encode_spz(**g)
-    plain = load_spz(save_spz(tmp_path / "plain.spz", **g))
+    raw = encode_spz(g)
+    plain = load_spz(save_spz(tmp_path / "plain.spz", g))
     rub = struct.pack("<III", EXT_COORDINATE_SYSTEM, 4, 4)  # the data is stored right-up-back
     unknown = struct.pack("<II", 0x12340001, 5) + b"hello"
     orbit = struct.pack("<II3f", 0xADBE0002, 12, 0.0, 1.0, 2.0)
@@ -191,10 +187,10 @@ def test_spz_extension_records_are_honoured_or_skipped(tmp_path):
     # RUB -> RDF: y and z flip; degree-1 SH (y, z, x) flip as y, z; the rotation's y, z flip
     assert torch.equal(back["means"], plain["means"] * torch.tensor([1.0, -1.0, -1.0]))
     flip1 = torch.tensor([-1.0, -1, 1])[:, None]
-    assert torch.allclose(back["sh"][:, 1:4], plain["sh"][:, 1:4] * flip1)
+    assert torch.allclose(all_sh(back)[:, 1:4], all_sh(plain)[:, 1:4] * flip1)
     assert torch.allclose(back["quats"], plain["quats"] * torch.tensor([1.0, 1, -1, -1]))
     # the same records at the end of a v3 gzip stream
-    v3 = gzip.decompress(encode_spz(**g, version=3))
+    v3 = gzip.decompress(encode_spz(g, version=3))
     v3 = v3[:14] + bytes([v3[14] | 2]) + v3[15:] + rub
     (tmp_path / "v3ext.spz").write_bytes(gzip.compress(v3, mtime=0))
     assert torch.equal(load_spz(tmp_path / "v3ext.spz")["means"], back["means"])
@@ -209,11 +205,11 @@ def test_spz_extension_records_are_honoured_or_skipped(tmp_path):
 
 
 def test_spz_sh_flip_matches_niantics_parity_table():
-    """The fitted SH change of frame (io/frames.py) RDF -> RUB is Niantic's sign table
+    """The fitted SH change of frame (io/axes.py) RDF -> RUB is Niantic's sign table
     (splat-types.h: y, z, x, xy, yz, 1, xz, 1, y, xyz, y, z, x, z, x, ... with x = 1,
     y = z = -1), but for the last degree-4 function: x c3 - y s3 = x^4 - 6 x^2 y^2 + y^4 is
     even in y, where the table says y (it matters only for degree-4 files between frames)."""
-    from tilesplat.io.frames import _sh_matrix, frame_matrix
+    from tilesplat.io.axes import _sh_matrix, frame_matrix
 
     x, y, z = 1, -1, -1
     table = [y, z, x, x * y, y * z, 1, x * z, 1, y, x * y * z, y, z, x, z, x,
@@ -279,9 +275,9 @@ def test_spz_v4_of_constant_fields_reads_back_and_a_bomb_is_refused(tmp_path):
     n = 60_000
     g = {"means": torch.randn(n, 3, generator=torch.Generator().manual_seed(5)),
          "quats": torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
-         "log_scales": torch.full((n, 3), -4.0), "opacity_logits": torch.full((n,), -2.2),
-         "sh": torch.zeros(n, 16, 3)}  # fmt: skip
-    path = save_spz(tmp_path / "init.spz", *g.values())
+         "scales": torch.full((n, 3), -4.0), "opacities": torch.full((n,), -2.2),
+         "sh0": torch.zeros(n, 1, 3), "shN": torch.zeros(n, 15, 3)}  # fmt: skip
+    path = save_spz(tmp_path / "init.spz", g)
     assert load_spz(path)["means"].shape == (n, 3)
     # the same streams under a header claiming 2000x the Gaussians: refused before inflating
     raw = bytearray(path.read_bytes())
@@ -296,31 +292,31 @@ def test_spz_v4_of_constant_fields_reads_back_and_a_bomb_is_refused(tmp_path):
 
 def test_splat_round_trip_within_quantisation(tmp_path):
     g = _gaussians(400, 2)
-    path = save_splat(tmp_path / "a.splat", **g)
+    path = save_splat(tmp_path / "a.splat", g)
     assert path.stat().st_size == 400 * 32
     back = load_splat(path)
-    order = torch.from_numpy(splat_order(g["log_scales"].numpy(), g["opacity_logits"].numpy()))
+    order = torch.from_numpy(splat_order(g["scales"].numpy(), g["opacities"].numpy()))
     want = {k: v[order] for k, v in g.items()}
     assert torch.equal(back["means"], want["means"])  # float32 kept exactly
-    assert (back["log_scales"] - want["log_scales"]).abs().max() < 1e-5
-    assert back["sh"].shape == (400, 1, 3)
-    assert (back["sh"][:, 0] - want["sh"][:, 0]).abs().max() <= 0.5 / 255 / SH_C0 + 1e-5
-    alpha = (_sigmoid(back["opacity_logits"]) - _sigmoid(want["opacity_logits"])).abs()
+    assert (back["scales"] - want["scales"]).abs().max() < 1e-5
+    assert all_sh(back).shape == (400, 1, 3)
+    assert (all_sh(back)[:, 0] - all_sh(want)[:, 0]).abs().max() <= 0.5 / 255 / SH_C0 + 1e-5
+    alpha = (_sigmoid(back["opacities"]) - _sigmoid(want["opacities"])).abs()
     assert alpha.max() <= 0.5 / 255 + 1e-6
     assert _rotation_error(back["quats"], want["quats"]) < 2e-3  # 8 bits per component
     # largest first: volume x opacity never increases along the file
-    key = want["log_scales"].double().sum(1) + torch.log(_sigmoid(want["opacity_logits"]))
+    key = want["scales"].double().sum(1) + torch.log(_sigmoid(want["opacities"]))
     assert bool((key[1:] <= key[:-1]).all())
 
 
 def test_splat_layout(tmp_path):
     g = _gaussians(1, 0)
     g["means"][0] = torch.tensor([1.0, -2.0, 3.0])
-    g["log_scales"][0] = torch.log(torch.tensor([0.5, 1.0, 2.0]))
+    g["scales"][0] = torch.log(torch.tensor([0.5, 1.0, 2.0]))
     g["quats"][0] = torch.tensor([2.0, 0.0, 0.0, 0.0])
-    g["opacity_logits"][0] = 100.0
-    g["sh"][0, 0] = torch.tensor([0.5, -0.5, 0.0]) / SH_C0
-    raw = save_splat(tmp_path / "a.splat", **g).read_bytes()
+    g["opacities"][0] = 100.0
+    g["sh0"][0, 0] = torch.tensor([0.5, -0.5, 0.0]) / SH_C0
+    raw = save_splat(tmp_path / "a.splat", g).read_bytes()
     assert np.frombuffer(raw[:24], "<f4").tolist() == [1.0, -2.0, 3.0, 0.5, 1.0, 2.0]
     assert list(raw[24:]) == [255, 0, 128, 255, 255, 128, 128, 128]
 
@@ -361,13 +357,13 @@ def test_load_and_save_by_suffix(tmp_path):
 
 def test_export_converts_between_formats(tmp_path, capsys):
     g = _gaussians(50, 3)
-    ply = save_ply(tmp_path / "in.ply", **g)
+    ply = save_ply(tmp_path / "in.ply", g)
     assert main(["export", str(ply), "--spz", str(tmp_path / "o.spz"),
                  "--splat", str(tmp_path / "o.splat")]) == 0  # fmt: skip
     assert "50 Gaussians" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "o.spz"), "--ply", str(tmp_path / "back.ply")]) == 0
     back = load_ply(tmp_path / "back.ply")
-    assert back["sh"].shape == (50, 16, 3)
+    assert all_sh(back).shape == (50, 16, 3)
     assert (back["means"] - g["means"]).abs().max() <= 0.5 / 4096 + 1e-6
     assert math.isclose(float(load_splat(tmp_path / "o.splat")["means"].abs().sum()),
                         float(g["means"].abs().sum()), rel_tol=1e-6)  # fmt: skip

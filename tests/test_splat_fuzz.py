@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import splats_of
 from tilesplat.io.gaussians import FORMATS, format_of, save_gaussians
 
 CASE_SECONDS = 2.0  # one damaged file of ~2 KB: decode or refuse within this
@@ -31,13 +32,9 @@ FLIPS = 300
 def _gaussians(n: int = 12, degree: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     k = (degree + 1) ** 2
-    return {
-        "means": torch.randn(n, 3, generator=g),
-        "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.rand(n, 3, generator=g) * 3 - 5,
-        "opacity_logits": torch.randn(n, generator=g),
-        "sh": torch.rand(n, k, 3, generator=g) - 0.5,
-    }
+    return splats_of(torch.randn(n, 3, generator=g), torch.randn(n, 4, generator=g),
+                     torch.rand(n, 3, generator=g) * 3 - 5, torch.randn(n, generator=g),
+                     torch.rand(n, k, 3, generator=g) - 0.5)
 
 
 def _boundaries(raw: bytes) -> list[int]:

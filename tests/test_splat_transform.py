@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import splats_of
 from splat_transform import SPZ_WASM, convert, require_splat_transform, run, stats
 from tilesplat.constants import SH_C0
 from tilesplat.io.gaussians import read_gaussians, save_gaussians
@@ -44,13 +45,9 @@ def model():
     protos = torch.rand(8, 15, 3, generator=g) - 0.5
     sh[:, 1:] = protos[torch.randint(8, (N,), generator=g)] + (
         torch.rand(N, 15, 3, generator=g) * 0.01 - 0.005)  # fmt: skip
-    return {
-        "means": torch.randn(N, 3, generator=g) * 2,
-        "quats": torch.randn(N, 4, generator=g),
-        "log_scales": torch.rand(N, 3, generator=g) * 3 - 6,
-        "opacity_logits": torch.rand(N, generator=g) * 6 - 3,
-        "sh": sh,
-    }
+    return splats_of(torch.randn(N, 3, generator=g) * 2, torch.randn(N, 4, generator=g),
+                     torch.rand(N, 3, generator=g) * 3 - 6, torch.rand(N, generator=g) * 6 - 3,
+                     sh)
 
 
 def _match(ref: dict, got: dict) -> dict:
@@ -133,17 +130,17 @@ def test_splat_transforms_outputs_load_as_the_same_gaussians(tmp_path, model, na
     got = read_gaussians(out).gaussians
     ref = _match(model, got) if reorders else model
     if bound["rest"] is None:  # a format of the base colour only
-        assert got["sh"].shape == (N, 1, 3)
-        ref = {**ref, "sh": ref["sh"][:, :1]}
-    assert got["sh"].shape == ref["sh"].shape
+        assert got["shN"].shape == (N, 0, 3)
+        ref = {**ref, "shN": ref["shN"][:, :0]}
+    assert got["shN"].shape == ref["shN"].shape
     errors = {
         "means": _err(got["means"], ref["means"]),
         **({"rot": _rot(got["quats"], ref["quats"])} if "rot" in bound else
            {"axes": _axes(got["quats"], ref["quats"])}),  # fmt: skip
-        "scales": _err(got["log_scales"], ref["log_scales"]),
-        "alpha": _alpha(got["opacity_logits"], ref["opacity_logits"]),
-        "dc": _err(got["sh"][:, 0], ref["sh"][:, 0]),
-        "rest": _err(got["sh"][:, 1:], ref["sh"][:, 1:]) if bound["rest"] is not None else 0,
+        "scales": _err(got["scales"], ref["scales"]),
+        "alpha": _alpha(got["opacities"], ref["opacities"]),
+        "dc": _err(got["sh0"], ref["sh0"]),
+        "rest": _err(got["shN"], ref["shN"]) if bound["rest"] is not None else 0,
     }
     over = {k: (e, bound[k]) for k, e in errors.items() if bound[k] is not None and e > bound[k]}
     assert not over, f"{name}: fields beyond their bound (error, bound): {over}"
@@ -164,13 +161,13 @@ def _our_columns(g: dict, normalise_quats: bool) -> dict[str, np.ndarray]:
     q = g["quats"].double()
     if normalise_quats:  # its .splat reader normalises the 8-bit quaternion, ours keeps it
         q = torch.nn.functional.normalize(q, dim=-1)
-    n, k = g["sh"].shape[:2]
-    rest = g["sh"][:, 1:].transpose(1, 2).reshape(n, 3 * (k - 1))  # channel-major
+    n, rest_k = g["shN"].shape[:2]
+    rest = g["shN"].transpose(1, 2).reshape(n, 3 * rest_k)  # channel-major
     cols = {"x": g["means"][:, 0], "y": g["means"][:, 1], "z": g["means"][:, 2],
-            "opacity": g["opacity_logits"]}  # fmt: skip
+            "opacity": g["opacities"]}  # fmt: skip
     cols |= {f"rot_{i}": q[:, i] for i in range(4)}
-    cols |= {f"scale_{i}": g["log_scales"][:, i] for i in range(3)}
-    cols |= {f"f_dc_{i}": g["sh"][:, 0, i] for i in range(3)}
+    cols |= {f"scale_{i}": g["scales"][:, i] for i in range(3)}
+    cols |= {f"f_dc_{i}": g["sh0"][:, 0, i] for i in range(3)}
     cols |= {f"f_rest_{i}": rest[:, i] for i in range(rest.shape[1])}
     return {c: v.double().numpy() for c, v in cols.items()}
 
@@ -214,7 +211,7 @@ def test_spz_frame_is_the_plys_in_splat_transform_and_niantics_library(tmp_path,
     from tilesplat.io.spz import save_spz
 
     for version in (4, 3):
-        path = save_spz(tmp_path / f"v{version}.spz", **model, version=version)
+        path = save_spz(tmp_path / f"v{version}.spz", model, version=version)
         probe = run([Path(__file__).with_name("spz_probe.mjs"), SPZ_WASM, path], cwd=tmp_path)
         out = json.loads(probe.strip().splitlines()[-1])  # the library logs lines before it
         pos = {k: np.array(v["positions"]).reshape(-1, 3) for k, v in out.items()}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import all_sh
 from tilesplat import rasterization
 from tilesplat.cli import main
 from tilesplat.data.dataset import load_dataset
@@ -171,9 +172,9 @@ def test_2dgs_ply_round_trip(trained, tmp_path):
     cfg, params, _ = load_run(run)
     ply = load_ply(run / "point_cloud.ply")
     assert torch.equal(ply["means"], params["means"])
-    assert torch.equal(ply["log_scales"][:, :2], params["scales"][:, :2])
-    assert torch.equal(ply["opacity_logits"], params["opacities"])
-    thin = ply["log_scales"][:, 2] - ply["log_scales"][:, :2].min(dim=1).values
+    assert torch.equal(ply["scales"][:, :2], params["scales"][:, :2])
+    assert torch.equal(ply["opacities"], params["opacities"])
+    thin = ply["scales"][:, 2] - ply["scales"][:, :2].min(dim=1).values
     assert torch.allclose(thin, torch.full_like(thin, math.log(FLAT_RATIO)), atol=1e-5)
     assert main(["export", str(run), "--ply", str(tmp_path / "again.ply")]) == 0
     again = load_gaussians(tmp_path / "again.ply")
@@ -182,8 +183,8 @@ def test_2dgs_ply_round_trip(trained, tmp_path):
     frame = load_dataset(data).test[0]
     surfels = render_view(params, frame, cfg, (1.0, 1.0, 1.0)).colors[0].clamp(0, 1)
     as_3dgs, _, _ = rasterization(
-        ply["means"], ply["quats"], ply["log_scales"].exp(), torch.sigmoid(ply["opacity_logits"]),
-        ply["sh"], frame.viewmat[None].float(), frame.K[None].float(), frame.width, frame.height,
+        ply["means"], ply["quats"], ply["scales"].exp(), torch.sigmoid(ply["opacities"]),
+        all_sh(ply), frame.viewmat[None].float(), frame.K[None].float(), frame.width, frame.height,
         sh_degree=1, backgrounds=torch.ones(1, 3),
     )  # fmt: skip
     assert psnr(as_3dgs[0].clamp(0, 1), surfels) > 20.0

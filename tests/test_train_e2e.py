@@ -62,7 +62,7 @@ def test_train_tiny_scene_end_to_end(tmp_path, capsys):
     assert read_image(run / "renders" / "test" / "r_0.png").shape == (32, 32, 3)
     assert read_image(run / "curve.png").shape[2] == 3
     ply = load_ply(run / "point_cloud.ply")
-    assert ply["means"].shape[0] == metrics["n_gaussians"] and ply["sh"].shape[1:] == (4, 3)
+    assert ply["means"].shape[0] == metrics["n_gaussians"] and ply["shN"].shape[1:] == (3, 3)
 
     # eval reproduces the metrics of the final checkpoint
     assert main(["eval", str(run)]) == 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import splats_of
 from tilesplat.cli import main
 from tilesplat.io.ply import save_ply
 from tilesplat.viewer.scene import (
@@ -27,13 +28,9 @@ from tilesplat.viewer.server import INSTALL_HINT, access_lines
 
 def _model(n: int = 50, degree: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {
-        "means": torch.randn(n, 3, generator=g) * 0.3,
-        "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.randn(n, 3, generator=g) * 0.3 - 3,
-        "opacity_logits": torch.randn(n, generator=g),
-        "sh": torch.randn(n, (degree + 1) ** 2, 3, generator=g) * 0.3,
-    }
+    return splats_of(torch.randn(n, 3, generator=g) * 0.3, torch.randn(n, 4, generator=g),
+                     torch.randn(n, 3, generator=g) * 0.3 - 3, torch.randn(n, generator=g),
+                     torch.randn(n, (degree + 1) ** 2, 3, generator=g) * 0.3)
 
 
 def test_look_at_puts_the_target_in_the_image_centre():
@@ -61,10 +58,10 @@ def test_splat_buffers_covariance_and_colour():
     b = splat_buffers(m)
     q = torch.nn.functional.normalize(m["quats"][3].double(), dim=0).numpy()
     rot = viewmat_from_pose(q, np.zeros(3))[:3, :3].T
-    s = np.exp(m["log_scales"][3].double().numpy())
+    s = np.exp(m["scales"][3].double().numpy())
     assert np.allclose(b.covariances[3], rot @ np.diag(s**2) @ rot.T, rtol=1e-4, atol=1e-9)
     assert b.rgbs.shape == (20, 3) and b.opacities.shape == (20, 1)
-    assert np.allclose(b.rgbs[0], np.clip(0.5 + 0.28209479 * m["sh"][0, 0].numpy(), 0, 1))
+    assert np.allclose(b.rgbs[0], np.clip(0.5 + 0.28209479 * m["sh0"][0, 0].numpy(), 0, 1))
 
 
 def test_render_view_modes():
@@ -89,7 +86,7 @@ def test_access_lines_offer_ssh_forwarding_for_loopback():
 
 
 def test_view_without_viser_is_one_line(tmp_path, capsys, monkeypatch):
-    save_ply(tmp_path / "m.ply", **_model())
+    save_ply(tmp_path / "m.ply", _model())
     monkeypatch.setitem(sys.modules, "viser", None)  # import viser raises ImportError
     assert main(["view", str(tmp_path / "m.ply")]) == 2
     err = capsys.readouterr().err.strip()
@@ -108,7 +105,7 @@ def test_view_without_viser_is_one_line(tmp_path, capsys, monkeypatch):
 def test_view_errors_are_one_line(tmp_path, capsys, monkeypatch, args, message):
     pytest.importorskip("viser")
     monkeypatch.chdir(tmp_path)
-    save_ply(tmp_path / "m.ply", **_model())
+    save_ply(tmp_path / "m.ply", _model())
     (tmp_path / "notes.txt").write_text("hello")
     assert main(args) == 2
     err = capsys.readouterr().err

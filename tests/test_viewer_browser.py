@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from browser import centroid, chromium, first_client, foreground, require_browser, wait_for
+from helpers import splats_of
 from tilesplat.viewer.scene import intrinsics, look_at_pose, render_view, viewmat_from_pose
 
 WHITE = np.array([255, 255, 255])
@@ -46,13 +47,9 @@ def _blob(n: int = 2000, seed: int = 0) -> dict[str, torch.Tensor]:
     sh = torch.zeros(n, 4, 3)
     sh[:, 0] = torch.tensor([0.0, -1.5, -1.5])
     sh[:, 1:] = 0.3 * torch.randn(n, 3, 3, generator=g)
-    return {
-        "means": torch.randn(n, 3, generator=g) * 0.25,
-        "quats": torch.randn(n, 4, generator=g),
-        "log_scales": torch.full((n, 3), math.log(0.03)) + 0.3 * torch.randn(n, 3, generator=g),
-        "opacity_logits": torch.full((n,), 3.0),
-        "sh": sh,
-    }
+    return splats_of(torch.randn(n, 3, generator=g) * 0.25, torch.randn(n, 4, generator=g),
+                     torch.full((n, 3), math.log(0.03)) + 0.3 * torch.randn(n, 3, generator=g),
+                     torch.full((n,), 3.0), sh)
 
 
 def _shot(client, width: int, pose=None) -> np.ndarray:

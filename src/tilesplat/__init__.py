@@ -54,18 +54,6 @@ from .strategy import DefaultStrategy, MCMCStrategy, Strategy
 
 __version__ = "0.1.0"
 
-# gsplat 1.5.3's public top-level names (its ``gsplat.all`` and SelectiveAdam)
-GSPLAT_NAMES = (
-    "PngCompression", "DefaultStrategy", "MCMCStrategy", "Strategy", "rasterization",
-    "rasterization_2dgs", "rasterization_inria_wrapper", "spherical_harmonics",
-    "isect_offset_encode", "isect_tiles", "proj", "fully_fused_projection",
-    "quat_scale_to_covar_preci", "rasterize_to_pixels", "world_to_cam", "accumulate",
-    "rasterize_to_indices_in_range", "fully_fused_projection_2dgs", "rasterize_to_pixels_2dgs",
-    "rasterize_to_indices_in_range_2dgs", "accumulate_2dgs", "rasterization_2dgs_inria_wrapper",
-    "RollingShutterType", "fully_fused_projection_with_ut", "rasterize_to_pixels_eval3d",
-    "export_splats", "SelectiveAdam", "__version__",
-)  # fmt: skip
-
 __all__ = [
     "__version__",
     "accumulate",

@@ -6,18 +6,37 @@ TRANSMITTANCE_STOP = 1e-4  # a pixel stops when T would fall to this or below
 PIXEL_CENTER = 0.5  # pixel (x, y) is sampled at (x + 0.5, y + 0.5)
 RADIUS_SIGMAS = 3.33  # radii = ceil(RADIUS_SIGMAS * sqrt(diag(cov2d)))
 DET_MIN = 1e-10  # lower clamp of det(cov2d) before inversion, as gsplat's reference
-FISHEYE_EPS = 1e-7  # gsplat's epsilon in the fisheye projection
-DEFAULT_TILE_SIZE = 16
+TILE_SIZE = 16  # pixels on a side of a rasterizer tile: gsplat's default `tile_size`
 
-# Camera models: the code each native kernel dispatches on (backends/shared/cameras.py) by
-# name; a new model is one more entry (docs/README.md, "where things go").
-CAMERA_CODES = {"pinhole": 0, "ortho": 1, "fisheye": 2}
-CAMERA_MODELS = tuple(CAMERA_CODES)
 RASTERIZE_MODES = ("classic", "antialiased")
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 BACKWARD_SCHEMES = ("per_pixel", "per_splat")
 SH_MAX_DEGREE = 4
 SH_C0 = 0.28209479177387814  # Y_0^0 = 1 / (2 sqrt(pi)): colour = SH_C0 * dc (+ 0.5)
+# The real SH basis of degrees 1-4 (Sloan's polynomials in the unit direction x, y, z, with
+# gsplat's signs): the factor of each basis function, band by band, as the reference multiplies
+# them (backends/torch/sh.py, where c_m + i s_m = (x + i y)^m). The native kernels' recurrences
+# multiply some of them out (backends/shared/sh.py); each product has the float32 value of the
+# digits gsplat's kernels write.
+SH_C1 = 0.4886025119029199  # y, z, x
+SH_C2 = (
+    1.0925484305920792,  # xy, yz, xz
+    0.31539156525252005,  # 3z² - 1
+    0.5462742152960396,  # c_2
+)
+SH_C3 = (
+    0.5900435899266435,  # s_3, c_3
+    1.445305721320277,  # z s_2, z c_2
+    0.4570457994644658,  # (5z² - 1) y, (5z² - 1) x
+    0.3731763325901154,  # z (5z² - 3)
+)
+SH_C4 = (
+    0.6258357354491763,  # s_4, c_4
+    1.7701307697799304,  # z s_3, z c_3
+    0.47308734787878004,  # (7z² - 1) s_2, (7z² - 1) c_2
+    0.6690465435572892,  # z (7z² - 3) y, z (7z² - 3) x
+    0.10578554691520431,  # 35z⁴ - 30z² + 3
+)
 
 # Backend names (DESIGN.md): "auto" picks the native backend of the tensors' device.
 BACKENDS = ("auto", "torch", "cpu", "cuda")

@@ -29,12 +29,18 @@ from .io.compressed_ply import (  # noqa: F401 - gsplat.exporter's names
     pack_rotation,
     pack_unorm,
     part1by2_vec,
-    sh2rgb,
     sort_centers,
     splat2ply_bytes_compressed,
 )
 from .io.ply import save_ply
 from .io.splat import save_splat
+from .sh_rgb import sh0_to_rgb
+
+
+def sh2rgb(sh: torch.Tensor) -> torch.Tensor:
+    """gsplat.exporter's name (and argument) for :func:`tilesplat.sh_rgb.sh0_to_rgb`: the base
+    colour of degree-0 SH coefficients (any shape)."""
+    return sh0_to_rgb(sh)
 
 
 def _via_file(write, suffix: str) -> bytes:
@@ -42,13 +48,6 @@ def _via_file(write, suffix: str) -> bytes:
         path = Path(tmp) / f"splats{suffix}"
         write(path)
         return path.read_bytes()
-
-
-def _sh(sh0: torch.Tensor, shN: torch.Tensor) -> torch.Tensor:
-    """[N, 3] and channel-major [N, 3 (K - 1)] -> [N, K, 3]."""
-    n = sh0.shape[0]
-    rest = shN.reshape(n, 3, -1).transpose(1, 2)
-    return torch.cat([sh0[:, None, :], rest], dim=1)
 
 
 def splat2ply_bytes(
@@ -60,8 +59,10 @@ def splat2ply_bytes(
     shN: torch.Tensor,  # [N, 3 * (K - 1)], channel-major
 ) -> bytes:
     """The 3DGS PLY of the Gaussians (:func:`tilesplat.io.ply.save_ply`)."""
-    sh = _sh(sh0, shN)
-    return _via_file(lambda p: save_ply(p, means, quats, scales, opacities, sh), ".ply")
+    n = means.shape[0]
+    splats = {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+              "sh0": sh0[:, None, :], "shN": shN.reshape(n, 3, -1).transpose(1, 2)}  # fmt: skip
+    return _via_file(lambda p: save_ply(p, splats), ".ply")
 
 
 def splat2splat_bytes(
@@ -72,9 +73,9 @@ def splat2splat_bytes(
     sh0: torch.Tensor,  # [N, 3]
 ) -> bytes:
     """The ``.splat`` file of the Gaussians (:func:`tilesplat.io.splat.save_splat`)."""
-    return _via_file(
-        lambda p: save_splat(p, means, quats, scales, opacities, sh0[:, None, :]), ".splat"
-    )
+    splats = {"means": means, "scales": scales, "quats": quats, "opacities": opacities,
+              "sh0": sh0[:, None, :], "shN": sh0.new_zeros(means.shape[0], 0, 3)}  # fmt: skip
+    return _via_file(lambda p: save_splat(p, splats), ".splat")
 
 
 def export_splats(

@@ -67,3 +67,23 @@ def test_shared_coefficients(backend, lead, coeff_lead):
 def test_coefficients_must_broadcast():
     with pytest.raises(ValueError, match=r"leading dims broadcastable to dirs' \[3, 50\]"):
         tilesplat.spherical_harmonics(1, torch.ones(3, 50, 3), torch.ones(2, 50, 4, 3))
+
+
+def test_kernel_factors_are_gsplats_in_float32():
+    """The native kernels' factors are made from the one table in ``constants`` (some as
+    products); each has the float32 value of the digits gsplat's CUDA kernels write, so a
+    float32 kernel computes what it computed when it wrote those digits itself."""
+    import numpy as np
+
+    from tilesplat.backends.shared.sh import _SH
+
+    gsplat_digits = (
+        0.2820947917738781, 0.48860251190292, 1.092548430592079, 0.5462742152960395,
+        0.9461746957575601, 0.3153915652525201, 2.285228997322329, 0.4570457994644658,
+        1.445305721320277, 0.5900435899266435, 1.865881662950577, 1.119528997770346,
+        4.683325804901025, 2.007139630671868, 3.31161143515146, 0.47308734787878,
+        1.770130769779931, 0.6258357354491763, 1.984313483298443, 1.006230589874905,
+    )  # fmt: skip
+    ours = np.array(_SH, np.float32)
+    assert ours.tobytes() == np.array(gsplat_digits, np.float32).tobytes()
+    assert np.allclose(_SH, gsplat_digits, rtol=1e-15, atol=0)

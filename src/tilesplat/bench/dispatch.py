@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..constants import TILE_SIZE
 from ..data.scenes import Scene
 from .arms import Arm, check_usable, parse_arm
 from .parity import Hook, check_sh_degree, parity_of_scene, self_noise_of_scene
@@ -49,7 +50,7 @@ def run_parity(
     arm_a: Arm | str,
     arm_b: Arm | str,
     sh_degree: int = 3,
-    tile_size: int = 16,
+    tile_size: int = TILE_SIZE,
     seed: int = 0,
     atol: float = ATOL,
     rtol: float = RTOL,
@@ -93,7 +94,7 @@ def run_self_noise(
     arms: list[Arm | str] | Arm | str,
     k: int = 3,
     sh_degree: int = 3,
-    tile_size: int = 16,
+    tile_size: int = TILE_SIZE,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     hook: Hook | None = None,

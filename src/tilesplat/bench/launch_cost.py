@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..constants import TILE_SIZE
+
 KERNEL = "rasterize_bwd_per_pixel"
 
 
@@ -178,7 +180,7 @@ def host_packing(n: int = 2000, repeats: int = 5) -> dict[str, Any]:
 
 
 def _render(scene: Any, device: torch.device, seed: int,
-            tile_size: int = 16) -> tuple[list, list]:
+            tile_size: int = TILE_SIZE) -> tuple[list, list]:
     """Outputs and gradients of one rasterization() forward + backward (per_pixel)."""
     import tilesplat
 
@@ -201,7 +203,7 @@ def _sync(device: torch.device) -> None:
 
 def device_launches(scene: str = "synthetic:5000:128x128", n: int = 1000,
                     repeats: int = 3, parity_scene: str | None = None,
-                    tile_size: int = 16) -> dict[str, Any]:
+                    tile_size: int = TILE_SIZE) -> dict[str, Any]:
     """µs per launch of ``n`` raster-backward launches through each path, and parity of a
     forward + backward through each (see the module docstring). Under numba's simulator it
     only rehearses this code: the thin path does not run there."""

@@ -1,7 +1,7 @@
 """Replay of a training run: the trainer's own step on a run's checkpoint, arm by arm.
 
 ``--scene run:RUN_DIR`` names a run folder (its newest checkpoint) or one checkpoint file.
-The checkpoint is loaded with ``weights_only=True`` and checked (``train.run.open_checkpoint``);
+The checkpoint is loaded with ``weights_only=True`` and checked (``train.rundir.checkpoint.open_checkpoint``);
 the run's config comes from the checkpoint and its dataset is loaded as ``tilesplat train``
 loads it.
 
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
 from ..data.dataset import SceneDataset
 from ..data.scenes import Scene
+from ..sh_rgb import sh0_to_rgb
 from ..train.config import TrainConfig
 from ..train.models import model_kind
 from ..train.models.base import sh_degree_at
@@ -122,7 +122,7 @@ class Replay:
             quats=torch.nn.functional.normalize(p["quats"], dim=-1),
             scales=torch.exp(p["scales"]),
             opacities=torch.sigmoid(p["opacities"]),
-            colors=(p["sh0"][:, 0] * SH_C0 + 0.5).clamp(0.0, 1.0),
+            colors=sh0_to_rgb(p["sh0"][:, 0]).clamp(0.0, 1.0),
             viewmats=b.viewmats,
             Ks=b.Ks,
             width=b.width,

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..constants import TILE_SIZE
 from ..data.scenes import Scene
 from .arms import Arm, parse_arms
 from .counts import count_pairs
@@ -84,7 +85,7 @@ def run_bench(
     repeats: int | None = None,
     warmup: int | None = None,
     sh_degree: int = 3,
-    tile_size: int = 16,
+    tile_size: int = TILE_SIZE,
     seed: int = 0,
     calibrate: bool = True,
     calibration_seconds: float = 0.5,

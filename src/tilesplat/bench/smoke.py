@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..constants import BACKWARD_SCHEMES
+from ..constants import BACKWARD_SCHEMES, TILE_SIZE
 from ..devices import to_device
 from .arms import parse_arm
 from .tolerance import ATOL, RTOL, allowed_failures, compare, compare_radii
@@ -218,7 +218,7 @@ def run_case(name: str, options: dict[str, Any], fn: Callable, inputs: list,
 
 
 def run_smoke(n: int = 40, cameras: int = 2, width: int = 48, height: int = 32,
-              tile_size: int = 16, warm: bool = True, seed: int = 0,
+              tile_size: int = TILE_SIZE, warm: bool = True, seed: int = 0,
               only: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Every case once (see the module docstring) on the ``cuda`` backend's device (the GPU;
     the CPU under numba's simulator). ``only``: run the cases whose name it accepts.

@@ -199,11 +199,12 @@ def _grad(t: Tensor) -> Tensor:
 class TrainStep:
     """A trainer's step on one arm: rasterization() forward, backward and Adam.
 
-    The parameters live in the trainer's space (``log_scales``, ``logit_opacities``, SH DC and
-    rest bands as two groups), each Adam group with gsplat's default learning rate.
+    The parameters live in the trainer's space, by its names (``scales`` as logs,
+    ``opacities`` as logits, SH DC and rest bands as two groups ``sh0`` and ``shN``), each
+    Adam group with gsplat's default learning rate.
     """
 
-    LRS = {"means": 1.6e-4, "quats": 1e-3, "log_scales": 5e-3, "logit_opacities": 5e-2,
+    LRS = {"means": 1.6e-4, "quats": 1e-3, "scales": 5e-3, "opacities": 5e-2,
            "sh0": 2.5e-3, "shN": 2.5e-3 / 20}
 
     def __init__(self, inp: Inputs, arm: Arm) -> None:
@@ -212,8 +213,8 @@ class TrainStep:
         self.params = {
             "means": p["means"].clone(),
             "quats": p["quats"].clone(),
-            "log_scales": torch.log(p["scales"]),
-            "logit_opacities": torch.logit(p["opacities"]),
+            "scales": torch.log(p["scales"]),
+            "opacities": torch.logit(p["opacities"]),
             "sh0": p["sh_coeffs"][:, :1].clone(),
             "shN": p["sh_coeffs"][:, 1:].clone(),
         }
@@ -230,8 +231,8 @@ class TrainStep:
         with timer.stage("step"):
             self.optimizer.zero_grad(set_to_none=True)
             render_colors, render_alphas, _ = rasterization(
-                p["means"], p["quats"], torch.exp(p["log_scales"]),
-                torch.sigmoid(p["logit_opacities"]), torch.cat([p["sh0"], p["shN"]], dim=1),
+                p["means"], p["quats"], torch.exp(p["scales"]),
+                torch.sigmoid(p["opacities"]), torch.cat([p["sh0"], p["shN"]], dim=1),
                 inp.viewmats, inp.Ks, inp.width, inp.height, sh_degree=inp.sh_degree,
                 packed=False, tile_size=inp.tile_size, backend=self.arm.backend,
                 backward_scheme=self.arm.scheme,

@@ -1,6 +1,7 @@
 """What ``tilesplat view`` and ``tilesplat export`` open: a tilesplat run folder or
 checkpoint, a gsplat checkpoint or result folder (``ckpts/ckpt_N_rank0.pt``), or any splat
-file of :data:`tilesplat.io.gaussians.FORMATS`, as the raw parameters of that module."""
+file of :data:`tilesplat.io.gaussians.FORMATS`, as the Gaussians of that module (gsplat's
+``splats`` names, :data:`~tilesplat.io.gaussians.SPLAT_KEYS`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from ..io.gaussians import SUFFIXES, read_gaussians, suffix_of
+from ..io.gaussians import SPLAT_KEYS, SUFFIXES, read_gaussians, suffix_of
 
 WHAT = "a run folder, a checkpoint (.pt, tilesplat's or gsplat's) or a splat file (" + ", ".join(
     SUFFIXES
@@ -18,9 +19,8 @@ WHAT = "a run folder, a checkpoint (.pt, tilesplat's or gsplat's) or a splat fil
 
 @dataclass
 class Model:
-    """Gaussians (``means``, ``quats``, ``log_scales``, ``opacity_logits``, ``sh``), where
-    they came from, whether they were trained in antialiased mode, and what the reader
-    ignored."""
+    """Gaussians (:data:`~tilesplat.io.gaussians.SPLAT_KEYS`), where they came from,
+    whether they were trained in antialiased mode, and what the reader ignored."""
 
     gaussians: dict[str, Tensor]
     source: str
@@ -38,8 +38,6 @@ def _gsplat(path: Path) -> Model:
 
 
 def _tilesplat(path: Path) -> Model:
-    import torch
-
     from ..train.features.averaging import served_params
     from ..train.models import model_kind
     from ..train.rundir.checkpoint import open_checkpoint
@@ -47,14 +45,7 @@ def _tilesplat(path: Path) -> Model:
     rc = open_checkpoint(path)
     p = {k: v.detach().float() for k, v in served_params(rc.ckpt).items()}
     p = model_kind(rc.cfg).export(p)  # as the run's PLY holds them (2DGS: flat third scale)
-    gaussians = {
-        "means": p["means"],
-        "quats": p["quats"],
-        "log_scales": p["scales"],
-        "opacity_logits": p["opacities"],
-        "sh": torch.cat([p["sh0"], p["shN"]], dim=1),
-    }
-    return Model(gaussians, f"{rc.path} (step {rc.step})", rc.cfg.antialiased)
+    return Model({k: p[k] for k in SPLAT_KEYS}, f"{rc.path} (step {rc.step})", rc.cfg.antialiased)
 
 
 def open_model(target: str | Path) -> Model:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..constants import TILE_SIZE
+
 COMMAND = "bench"
 HELP = "Benchmark backends (per stage, per training step), check parity and self-noise."
 
@@ -63,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scenes: 10)")
     parser.add_argument("--sh-degree", type=int, default=3,
                         help="SH degree of the colours, 0-4 (default: %(default)s)")
-    parser.add_argument("--tile-size", type=int, default=16, help="default: %(default)s")
+    parser.add_argument("--tile-size", type=int, default=TILE_SIZE, help="default: %(default)s")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the shared upstream gradient (default: %(default)s)")

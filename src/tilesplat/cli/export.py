@@ -104,24 +104,21 @@ def outputs(args: argparse.Namespace) -> list[tuple[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io.gaussians import ARRAY_NAMES, BY_NAME, FORMATS
+    from ..io.gaussians import BY_NAME, FORMATS
     from ..io.gsplat_ckpt import save_gsplat_checkpoint
-    from ..io.spz import save_spz
     from ._model import open_model
 
     targets = outputs(args)
     model = open_model(args.source)
     for note in model.notes:
         print(f"note: {note}")
-    arrays = [model.gaussians[k] for k in ARRAY_NAMES]
     n = len(model.gaussians["means"])
     for name, out in targets:
         if name == GSPLAT:
-            save_gsplat_checkpoint(out, *arrays)
-        elif name == "spz":
-            save_spz(out, *arrays, antialiased=model.antialiased, version=args.spz_version)
+            save_gsplat_checkpoint(out, model.gaussians)
         else:
             out.parent.mkdir(exist_ok=True)  # a SOG folder
-            FORMATS[BY_NAME[name]].save(out, *arrays, antialiased=model.antialiased)
+            options = {"version": args.spz_version} if name == "spz" else {}
+            FORMATS[BY_NAME[name]].save(out, model.gaussians, model.antialiased, **options)
         print(f"{n} Gaussians from {model.source} written to {out}")
     return 0

@@ -11,7 +11,7 @@ HELP = ("recover camera poses from a folder of photos or a video (pycolmap) and 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..data.sfm.pipeline import CAMERA_MODELS, MATCHERS
+    from ..data.sfm.pipeline import MATCHERS, SFM_CAMERA_MODELS
     from ..data.sfm.video import DEFAULT_FRAMES
 
     parser.add_argument(
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--camera-model",
-        choices=CAMERA_MODELS,
+        choices=SFM_CAMERA_MODELS,
         default="SIMPLE_RADIAL",
         help="lens model estimated per camera; the output is undistorted to PINHOLE "
         "(default SIMPLE_RADIAL)",

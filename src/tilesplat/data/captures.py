@@ -24,7 +24,7 @@ import numpy as np
 from ..io.images import write_png
 from . import camera_models as cm
 from . import room
-from .colmap_format import MODEL_IDS, ColmapCamera, ColmapImage
+from .colmap_format import COLMAP_MODELS_BY_NAME, ColmapCamera, ColmapImage
 from .colmap_write import rotmat_to_qvec, write_model
 from .synthetic import _sphere
 from .undistort import Camera
@@ -158,7 +158,7 @@ def write_capture(
 
     Returns ``out`` as a Path.
     """
-    if cam.model not in MODEL_IDS:
+    if cam.model not in COLMAP_MODELS_BY_NAME:
         raise ValueError(f"unknown COLMAP camera model {cam.model!r}")
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)

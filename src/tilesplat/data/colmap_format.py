@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-# model_id -> (name, number of parameters), from COLMAP's src/colmap/sensor/models.h
-CAMERA_MODELS: dict[int, tuple[str, int]] = {
+# COLMAP's camera models: model_id -> (name, number of parameters), from its
+# src/colmap/sensor/models.h
+COLMAP_MODELS_BY_ID: dict[int, tuple[str, int]] = {
     0: ("SIMPLE_PINHOLE", 3),
     1: ("PINHOLE", 4),
     2: ("SIMPLE_RADIAL", 4),
@@ -36,7 +37,7 @@ CAMERA_MODELS: dict[int, tuple[str, int]] = {
     16: ("EUCM", 6),
     17: ("EQUIRECTANGULAR", 2),
 }
-MODEL_IDS = {name: (mid, n) for mid, (name, n) in CAMERA_MODELS.items()}
+COLMAP_MODELS_BY_NAME = {name: (mid, n) for mid, (name, n) in COLMAP_MODELS_BY_ID.items()}
 
 
 @dataclass
@@ -111,9 +112,9 @@ def read_cameras_bin(path: Path) -> dict[int, ColmapCamera]:
     cams = {}
     for _ in range(r.count("cameras", 24)):
         cam_id, model_id, w, h = r.unpack("iiQQ", "a camera record")
-        if model_id not in CAMERA_MODELS:
+        if model_id not in COLMAP_MODELS_BY_ID:
             raise ValueError(f"{path}: camera {cam_id} has unknown camera model id {model_id}")
-        name, n = CAMERA_MODELS[model_id]
+        name, n = COLMAP_MODELS_BY_ID[model_id]
         params = np.array(r.unpack(f"{n}d", f"the {n} parameters of camera {cam_id}"))
         cams[cam_id] = ColmapCamera(cam_id, name, int(w), int(h), params)
     r.finish()
@@ -217,9 +218,9 @@ def read_cameras_txt(path: Path) -> dict[int, ColmapCamera]:
             continue
         tok = line.split()
         cam_id, model, w, h = _parse(path, lineno, tok, [int, str, int, int], "a camera line")
-        if model not in MODEL_IDS:
+        if model not in COLMAP_MODELS_BY_NAME:
             raise ValueError(f"{path}:{lineno}: unknown camera model {model!r}")
-        n = MODEL_IDS[model][1]
+        n = COLMAP_MODELS_BY_NAME[model][1]
         params = _parse(path, lineno, tok[4:], [float] * n, f"{n} parameters of {model}")
         if len(tok) != 4 + n:
             raise ValueError(f"{path}:{lineno}: {model} takes {n} parameters, got {len(tok) - 4}")
@@ -269,12 +270,6 @@ def read_points3d_txt_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks
         rgb.append(v[4:7])
     return (np.array(xyz, dtype=np.float64).reshape(-1, 3),
             np.array(rgb, dtype=np.uint8).reshape(-1, 3), _tracks(rows, seen))
-
-
-def read_points3d_txt(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(xyz [P, 3] float64, rgb [P, 3] uint8)."""
-    xyz, rgb, _ = read_points3d_txt_tracks(path)
-    return xyz, rgb
 
 
 def read_model(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io.atomic import atomic_write_bytes
-from .colmap_format import MODEL_IDS, ColmapCamera, ColmapImage
+from .colmap_format import COLMAP_MODELS_BY_NAME, ColmapCamera, ColmapImage
 
 
 def _f(v: float) -> str:
@@ -71,7 +71,8 @@ def write_model(
         return out
     buf = bytearray(struct.pack("<Q", len(cameras)))
     for c in cameras:
-        buf += struct.pack("<iiQQ", c.camera_id, MODEL_IDS[c.model][0], c.width, c.height)
+        model_id = COLMAP_MODELS_BY_NAME[c.model][0]
+        buf += struct.pack("<iiQQ", c.camera_id, model_id, c.width, c.height)
         buf += struct.pack(f"<{len(c.params)}d", *c.params)
     atomic_write_bytes(out / "cameras.bin", bytes(buf), fsync=False)
     buf = bytearray(struct.pack("<Q", len(images)))

@@ -1,21 +1,21 @@
 """Dataset folders: layout detection and loading (Blender / NeRF-synthetic, nerfstudio, COLMAP).
 
-A data source is one reader module in ``data/`` returning a :class:`SceneDataset` of the same
-frames, and one :class:`Layout` line in :data:`LAYOUTS` (docs/README.md, "where things go").
+A data source is one reader module ``data/<module>.py`` whose ``load_<module>`` returns a
+:class:`SceneDataset` of the same frames, and one :class:`Layout` line in :data:`LAYOUTS`
+(docs/README.md, "where things go"); a reader is imported when a folder of its layout is
+first loaded.
 The types (:class:`Frame`, :class:`SceneDataset`) and the loaders' shared helpers live in
 :mod:`.frames`; they are re-exported here, where the trainer has always imported them.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .blender import load_blender
-from .colmap import load_colmap
 from .exposure import MARKER as EXPOSURE_MARKER
-from .exposure import load_exposure
 from .frames import (
     Frame,
     SceneDataset,
@@ -24,7 +24,6 @@ from .frames import (
     look_at_point,
     split_every,
 )
-from .nerfstudio import load_nerfstudio
 
 __all__ = [
     "LAYOUTS",
@@ -43,24 +42,35 @@ __all__ = [
 @dataclass(frozen=True)
 class Layout:
     """A dataset layout: how its folder is recognised, what it holds (for the error message),
-    and its reader ``load(path, *, downscale, white_background, test_every, masks_dir, log)``."""
+    and the reader module ``data/<module>.py``, whose ``load_<module>(path, *, downscale,
+    white_background, test_every, masks_dir, log)`` loads it."""
 
     name: str
     matches: Callable[[Path], bool]
     expects: str
-    load: Callable[..., SceneDataset]
+    module: str
+
+    @property
+    def load(self) -> Callable[..., SceneDataset]:
+        """The reader ``load_<module>`` of ``data/<module>.py``."""
+        module = importlib.import_module(f"{__package__}.{self.module}")
+        reader = getattr(module, f"load_{self.module}", None)
+        if reader is None:
+            raise AttributeError(f"data layout {self.name!r}: {module.__name__} has no "
+                                 f"load_{self.module}")  # fmt: skip
+        return reader
 
 
-# in the order they are tried
+# in the order they are tried, one line each
 LAYOUTS = (
     Layout("exposure", lambda p: (p / EXPOSURE_MARKER).is_file(),
-           "tilesplat_exposure.json (the built-in exposure scene)", load_exposure),
+           "tilesplat_exposure.json (the built-in exposure scene)", "exposure"),
     Layout("blender", lambda p: (p / "transforms_train.json").is_file(),
-           "transforms_train.json (Blender / NeRF-synthetic)", load_blender),
+           "transforms_train.json (Blender / NeRF-synthetic)", "blender"),
     Layout("nerfstudio", lambda p: (p / "transforms.json").is_file(),
-           "transforms.json (nerfstudio)", load_nerfstudio),
+           "transforms.json (nerfstudio)", "nerfstudio"),
     Layout("colmap", lambda p: (p / "sparse").is_dir(),
-           "sparse/0/ with cameras, images, points3D (COLMAP)", load_colmap),
+           "sparse/0/ with cameras, images, points3D (COLMAP)", "colmap"),
 )
 
 

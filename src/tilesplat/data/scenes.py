@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Scene:
         g = torch.Generator().manual_seed(seed)
         rest = torch.randn((n, k, 3), generator=g, dtype=torch.float64) * rest_scale
         coeffs = rest.to(device=self.means.device, dtype=self.means.dtype)
-        coeffs[:, 0, :] = (self.colors - 0.5) / SH_C0
+        coeffs[:, 0, :] = rgb_to_sh0(self.colors)
         return coeffs
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None):

@@ -1,11 +1,12 @@
-"""Checks every splat file format shares: the five arrays a writer takes, and the untrusted-
-input discipline of every reader.
+"""Checks every splat file format shares: the Gaussians a writer takes, and the untrusted-input
+discipline of every reader.
 
-Every reader returns, and every writer takes, the raw parameters of the trainer:
-``means`` [N, 3], ``quats`` [N, 4] (w, x, y, z), ``log_scales`` [N, 3], ``opacity_logits``
-[N] and ``sh`` [N, K, 3] with K = (degree + 1)^2, float32 in the 3DGS / COLMAP frame. The
-format modules import these checks; the suffix table of :mod:`.gaussians` imports the format
-modules, so nothing here imports either.
+Every reader returns, and every writer takes, the Gaussians as the trainer holds them, by
+gsplat's ``splats`` names (:data:`SPLAT_KEYS`): ``means`` [N, 3], ``scales`` [N, 3] (logs),
+``quats`` [N, 4] (w, x, y, z), ``opacities`` [N] (logits), ``sh0`` [N, 1, 3] and ``shN``
+[N, K - 1, 3] with K = (degree + 1)^2, float32 in the 3DGS / COLMAP frame. A format converts
+between these and its file's fields itself. The format modules import these checks; the
+suffix table of :mod:`.gaussians` finds the format modules, so nothing here imports either.
 
 A file a user hands us is untrusted. Readers follow four rules, with the helpers below:
 
@@ -29,14 +30,15 @@ import math
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ARRAY_NAMES = ("means", "quats", "log_scales", "opacity_logits", "sh")
+# gsplat's names of a model's tensors (its checkpoints' ``splats``), the trainer's parameters
+SPLAT_KEYS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 # Refuse a compressed stream whose header claims more than this many bytes per compressed
 # byte. Deflate cannot exceed ~1032:1; Niantic's SPZ library bounds its point count with the
 # same 1024 (a zstd stream of one repeated byte can go further, but no Gaussian file does: its
@@ -47,48 +49,62 @@ _CHUNK = 1 << 22  # decompress in 4 MiB steps: memory follows what the stream re
 
 @dataclass
 class SplatData:
-    """What a reader found: the five arrays, whether the model was trained antialiased (the
-    file says so: PLY comment, SPZ flag, SOG meta), and notes on what it ignored."""
+    """What a reader found: the Gaussians (:data:`SPLAT_KEYS`, float32 tensors), whether the
+    model was trained antialiased (the file says so: PLY comment, SPZ flag, SOG meta), and
+    notes on what it ignored."""
 
     gaussians: dict[str, torch.Tensor]
     antialiased: bool = False
     notes: list[str] = field(default_factory=list)
 
 
-def as_arrays(
-    means: torch.Tensor | np.ndarray,  # [N, 3]
-    quats: torch.Tensor | np.ndarray,  # [N, 4] (w, x, y, z), any norm
-    log_scales: torch.Tensor | np.ndarray,  # [N, 3]
-    opacity_logits: torch.Tensor | np.ndarray,  # [N]
-    sh: torch.Tensor | np.ndarray,  # [N, K, 3]
-) -> dict[str, np.ndarray]:
-    """The five arrays as float32 NumPy, shapes checked (``ValueError`` naming the array)."""
+def as_arrays(splats: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
+    """The Gaussians a writer was given (:data:`SPLAT_KEYS`, tensors or arrays) as float32
+    NumPy, keys and shapes checked (``ValueError`` naming the key)."""
+    if not isinstance(splats, Mapping):
+        raise TypeError(f"splats: expected a dict of {', '.join(SPLAT_KEYS)}, got "
+                        f"{type(splats).__name__}")  # fmt: skip
+    missing = [k for k in SPLAT_KEYS if k not in splats]
+    unknown = [k for k in splats if k not in SPLAT_KEYS]
+    if missing or unknown:
+        raise ValueError(f"splats: expected the keys {', '.join(SPLAT_KEYS)}; "
+                         + (f"missing {missing}" if missing else f"unknown {unknown}"))
     out = {}
-    for name, value in zip(
-        ARRAY_NAMES, (means, quats, log_scales, opacity_logits, sh), strict=True
-    ):
+    for name in SPLAT_KEYS:
+        value = splats[name]
         if isinstance(value, torch.Tensor):
             value = value.detach().to("cpu").numpy()
         out[name] = np.asarray(value, dtype=np.float32)
-    if out["means"].ndim != 2 or out["sh"].ndim != 3:
+    if out["means"].ndim != 2 or out["shN"].ndim != 3:
         raise ValueError(
-            f"expected means [N, 3] and sh [N, K, 3], got {list(out['means'].shape)}, "
-            f"{list(out['sh'].shape)}"
+            f"expected means [N, 3] and shN [N, K - 1, 3], got {list(out['means'].shape)}, "
+            f"{list(out['shN'].shape)}"
         )
-    n, k = out["means"].shape[0], out["sh"].shape[1]
-    want = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
-            "opacity_logits": (n,), "sh": (n, k, 3)}  # fmt: skip
+    n, k = out["means"].shape[0], out["shN"].shape[1] + 1
+    want = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,),
+            "sh0": (n, 1, 3), "shN": (n, k - 1, 3)}  # fmt: skip
     for name, shape in want.items():
         if out[name].shape != shape:
             raise ValueError(f"{name}: expected shape {list(shape)}, got {list(out[name].shape)}")
-    if k < 1 or math.isqrt(k) ** 2 != k:
-        raise ValueError(f"sh: K = {k} is not a square (degree + 1)^2")
+    if math.isqrt(k) ** 2 != k:
+        raise ValueError(f"shN: {k - 1} coefficients per colour; (degree + 1)^2 - 1 expected")
     return out
 
 
 def sh_degree(arrays: dict[str, np.ndarray]) -> int:
-    """The SH degree of ``arrays['sh']`` [N, K, 3]."""
-    return math.isqrt(arrays["sh"].shape[1]) - 1
+    """The SH degree of ``arrays['shN']`` [N, K - 1, 3]."""
+    return math.isqrt(arrays["shN"].shape[1] + 1) - 1
+
+
+def all_sh(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """All K coefficients [N, K, 3] of ``sh0`` and ``shN``, for formats that store them as one
+    sequence (the dtype of the inputs)."""
+    return np.concatenate([arrays["sh0"], arrays["shN"]], axis=1)
+
+
+def split_sh(sh: np.ndarray) -> dict[str, np.ndarray]:
+    """``sh0`` [N, 1, 3] and ``shN`` [N, K - 1, 3] of all K coefficients ``sh`` [N, K, 3]."""
+    return {"sh0": sh[:, :1], "shN": sh[:, 1:]}
 
 
 def check_writable(arrays: dict[str, np.ndarray], fmt: str, max_degree: int) -> None:
@@ -97,13 +113,13 @@ def check_writable(arrays: dict[str, np.ndarray], fmt: str, max_degree: int) -> 
     if len(arrays["means"]) < 1:
         raise ValueError(f"{fmt}: no Gaussians to write")
     if sh_degree(arrays) > max_degree:
-        raise ValueError(f"sh: {fmt} holds SH degree 0-{max_degree}, got {sh_degree(arrays)}")
+        raise ValueError(f"shN: {fmt} holds SH degree 0-{max_degree}, got {sh_degree(arrays)}")
     check_finite(Path(fmt), arrays, "Gaussians for")
 
 
 def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """float32 contiguous tensors of the five arrays."""
-    return {k: torch.from_numpy(np.ascontiguousarray(arrays[k], np.float32)) for k in ARRAY_NAMES}
+    """float32 contiguous tensors of the Gaussians (:data:`SPLAT_KEYS`)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(arrays[k], np.float32)) for k in SPLAT_KEYS}
 
 
 def read_file(path: Path, what: str) -> bytes:
@@ -255,8 +271,9 @@ def check_finite(path: Path, arrays: dict[str, np.ndarray], prefix: str = "") ->
 
 def decoded(path: Path, arrays: dict[str, np.ndarray], antialiased: bool = False,
             notes: list[str] | None = None) -> SplatData:
-    """The reader's result: ``arrays`` checked finite, as float32 tensors."""
-    arrays = {k: np.asarray(arrays[k], np.float32) for k in ARRAY_NAMES}
+    """The reader's result: ``arrays`` (:data:`SPLAT_KEYS`) checked finite, as float32
+    tensors."""
+    arrays = {k: np.asarray(arrays[k], np.float32) for k in SPLAT_KEYS}
     check_finite(path, arrays)
     return SplatData(to_tensors(arrays), antialiased, list(notes or []))
 

@@ -3,7 +3,7 @@ four packed 32-bit words, the higher SH bands as bytes. PlayCanvas's layout, as 
 ``export_splats(format="ply_compressed")`` and splat-transform write it::
 
     element chunk C   18 float: min_x min_y min_z max_x max_y max_z, the same of the
-                      log-scales (clamped to +-20) and of the colours 0.5 + SH_C0 * dc
+                      log-scales (clamped to +-20) and of the colours sh0_to_rgb(sh0)
                       (files without the colour bounds store colours as plain 8-bit)
     element vertex N  uint packed_position  x 11 bits, y 10, z 11 of the chunk's box
                       uint packed_rotation  the index of the largest |component| of
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import (
     SplatData,
     as_arrays,
@@ -48,11 +48,6 @@ CHUNK_PROPS = ("min_x", "min_y", "min_z", "max_x", "max_y", "max_z",
                "min_r", "min_g", "min_b", "max_r", "max_g", "max_b")  # fmt: skip
 VERTEX_PROPS = ("packed_position", "packed_rotation", "packed_scale", "packed_color")
 _ALPHA_EPS = 0.5 / 255.0
-
-
-def sh2rgb(sh: torch.Tensor) -> torch.Tensor:
-    """Degree-0 SH coefficients to RGB: ``sh · C0 + 0.5`` (any shape)."""
-    return sh * SH_C0 + 0.5
 
 
 def part1by2_vec(x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +137,7 @@ def splat2ply_bytes_compressed(
         keep = torch.sigmoid(opacities) > opacity_threshold
         means, scales, quats = means[keep], scales[keep], quats[keep]
         opacities, sh0, shN = opacities[keep], sh0[keep], shN[keep]
-    colors = sh2rgb(sh0)
+    colors = sh0_to_rgb(sh0)
     n = means.shape[0]
     n_chunks = -(-n // chunk_max_size)
     order = sort_centers(means, torch.arange(n))
@@ -188,23 +183,18 @@ def splat2ply_bytes_compressed(
 
 
 def save_compressed_ply(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], degree <= 3
-    antialiased: bool = False,
+    path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write every Gaussian as a compressed PLY (Morton order), atomically; antialiased
-    models get the ``SplatRenderMode: mip`` comment."""
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    """Write every Gaussian (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3) as a compressed
+    PLY (Morton order), atomically; antialiased models get the ``SplatRenderMode: mip``
+    comment."""
+    a = as_arrays(splats)
     check_writable(a, "compressed PLY", 3)
     t = {k: torch.from_numpy(v) for k, v in a.items()}
-    n, k = a["sh"].shape[:2]
-    shn = t["sh"][:, 1:, :].permute(0, 2, 1).reshape(n, 3 * (k - 1))
+    n, rest = a["shN"].shape[:2]
+    shn = t["shN"].permute(0, 2, 1).reshape(n, 3 * rest)  # channel-major
     data = splat2ply_bytes_compressed(
-        t["means"], t["log_scales"], t["quats"], t["opacity_logits"], t["sh"][:, 0, :], shn,
+        t["means"], t["scales"], t["quats"], t["opacities"], t["sh0"][:, 0, :], shn,
         opacity_threshold=None, comments=(MIP_COMMENT,) if antialiased else (),
     )  # fmt: skip
     path = Path(path)
@@ -274,8 +264,8 @@ def decode_compressed_ply(path: Path, raw: bytes, header: Header) -> SplatData:
         t_pos = np.stack([_unorm(pp, 21, 11), _unorm(pp, 11, 10), _unorm(pp, 0, 11)], 1)
         means = lerp("min_x min_y min_z", "max_x max_y max_z", t_pos)
         t_scl = np.stack([_unorm(ps, 21, 11), _unorm(ps, 11, 10), _unorm(ps, 0, 11)], 1)
-        log_scales = lerp("min_scale_x min_scale_y min_scale_z",
-                          "max_scale_x max_scale_y max_scale_z", t_scl)  # fmt: skip
+        scales = lerp("min_scale_x min_scale_y min_scale_z",
+                      "max_scale_x max_scale_y max_scale_z", t_scl)  # fmt: skip
         three = np.stack([_unorm(pr, 20, 10), _unorm(pr, 10, 10), _unorm(pr, 0, 10)], 1)
         three = (three - 0.5) * math.sqrt(2.0)
         largest = (pr >> 30).astype(np.int64)
@@ -287,20 +277,20 @@ def decode_compressed_ply(path: Path, raw: bytes, header: Header) -> SplatData:
         t_col = np.stack([_unorm(pc, 24, 8), _unorm(pc, 16, 8), _unorm(pc, 8, 8)], 1)
         colors = lerp("min_r min_g min_b", "max_r max_g max_b", t_col) if has_color else t_col
         alpha = np.clip(_unorm(pc, 0, 8), _ALPHA_EPS, 1 - _ALPHA_EPS)
-        k = len(rest) // 3 + 1
-        sh = np.empty((n, k, 3))
-        sh[:, 0, :] = (colors - 0.5) / SH_C0
+        sh_n = np.zeros((n, 0, 3))
         if rest:
             b = np.stack([elements["sh"][p] for p in rest], 1).astype(np.float64)
             nrm = np.where(b == 0, 0.0, np.where(b == 255, 1.0, (b + 0.5) / 256))
-            sh[:, 1:, :] = ((nrm - 0.5) * 8).reshape(n, 3, k - 1).transpose(0, 2, 1)
-    arrays = {"means": means, "quats": quats, "log_scales": log_scales,
-              "opacity_logits": np.log(alpha / (1 - alpha)), "sh": sh}  # fmt: skip
+            sh_n = ((nrm - 0.5) * 8).reshape(n, 3, len(rest) // 3).transpose(0, 2, 1)
+    arrays = {"means": means, "scales": scales, "quats": quats,
+              "opacities": np.log(alpha / (1 - alpha)), "sh0": rgb_to_sh0(colors)[:, None, :],
+              "shN": sh_n}  # fmt: skip
     return decoded(path, arrays, header.antialiased(), notes)
 
 
 def read_compressed_ply(path: str | Path) -> SplatData:
-    """Read a compressed PLY (see the module docstring) as raw parameters.
+    """Read a compressed PLY (see the module docstring): its Gaussians
+    (:data:`~._checks.SPLAT_KEYS`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -314,10 +304,3 @@ def read_compressed_ply(path: str | Path) -> SplatData:
     if vertex is None or "packed_position" not in [p for p, _ in vertex.props]:
         raise ValueError(f"{path}: not a compressed PLY (no vertex property packed_position)")
     return decode_compressed_ply(path, raw, header)
-
-
-def load_compressed_ply(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a compressed PLY (see :func:`read_compressed_ply`)."""
-    return read_compressed_ply(path).gaussians
-
-

@@ -1,21 +1,23 @@
 """Gaussian splat files: one entry point for every format, chosen by the file's name.
 
-Every reader returns, and every writer takes, the raw parameters of the trainer (as
-:func:`tilesplat.io.ply.load_ply`): ``means`` [N, 3], ``quats`` [N, 4] (w, x, y, z),
-``log_scales`` [N, 3], ``opacity_logits`` [N] and ``sh`` [N, K, 3] with K = (degree + 1)^2,
-all float32 in the 3DGS / COLMAP frame (x right, y down, z forward of the cameras). Readers of
-formats stored in another frame (glTF) convert; docs/formats.md lists what each keeps.
+Every reader returns, and every writer takes, the Gaussians by gsplat's ``splats`` names, as
+the trainer holds them (:data:`SPLAT_KEYS`): ``means`` [N, 3], ``scales`` [N, 3] (logs),
+``quats`` [N, 4] (w, x, y, z), ``opacities`` [N] (logits), ``sh0`` [N, 1, 3] and ``shN``
+[N, K - 1, 3] with K = (degree + 1)^2, all float32 in the 3DGS / COLMAP frame (x right, y
+down, z forward of the cameras). Each format converts between these and its file's fields
+itself; readers of formats stored in another frame (glTF) convert that too. docs/formats.md
+lists what each keeps.
 
-A file format is a module ``io/<format>.py`` with a reader ``read_<format>(path)`` returning
-:class:`~._checks.SplatData` (``load_<format>`` gives its Gaussians) and a writer
-``save_<format>(path, means, quats, log_scales, opacity_logits, sh, antialiased=False)`` (its
-checks from :mod:`._checks`), and one line in :data:`FORMATS`: the name ending it is chosen
-by (the longest match wins: ``x.compressed.ply`` before ``x.ply``), its ``--to`` name and the
-reader and writer.
+A file format is a module ``io/<module>.py`` with a reader ``read_<module>(path)`` returning
+:class:`~._checks.SplatData` and a writer ``save_<module>(path, splats, antialiased=False)``
+(its checks from :mod:`._checks`), and one line in :data:`FORMATS`: the name ending it is
+chosen by (the longest match wins: ``x.compressed.ply`` before ``x.ply``), its ``--to`` name
+and its module. A module is imported when a file of its format is first read or written.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -23,35 +25,49 @@ from typing import NamedTuple
 
 import torch
 
-from . import compressed_ply, glb, ply, sog, splat, spz
-from ._checks import ARRAY_NAMES, SplatData
-
-Reader = Callable[[Path], SplatData]
-Writer = Callable[..., Path]  # (path, means, quats, log_scales, opacity_logits, sh, antialiased)
+from ._checks import SPLAT_KEYS, SplatData
 
 
 class Format(NamedTuple):
-    name: str  # tilesplat export --to NAME
-    read: Reader
-    save: Writer
+    """A splat file format: ``tilesplat export --to NAME`` and the module ``io/<module>.py``
+    holding ``read_<module>`` and ``save_<module>``."""
+
+    name: str
+    module: str
+
+    def _function(self, verb: str) -> Callable:
+        module = importlib.import_module(f"{__package__}.{self.module}")
+        fn = getattr(module, f"{verb}_{self.module}", None)
+        if fn is None:
+            raise AttributeError(f"splat format {self.name!r}: {module.__name__} has no "
+                                 f"{verb}_{self.module}")  # fmt: skip
+        return fn
+
+    def read(self, path: Path) -> SplatData:
+        """The format's reader on ``path``."""
+        return self._function("read")(path)
+
+    def save(self, path: Path, splats: dict[str, torch.Tensor], antialiased: bool = False,
+             **options: object) -> Path:
+        """The format's writer: ``splats`` (:data:`SPLAT_KEYS`) to ``path``; ``options`` are
+        the format's own (``version`` of SPZ)."""
+        return self._function("save")(path, splats, antialiased=antialiased, **options)
 
 
-# name ending -> format
+# name ending -> format, one line each
 FORMATS: dict[str, Format] = {
-    ".ply": Format("ply", ply.read_ply, ply.save_ply),  # the 3DGS layout (compressed: read too)
-    ".compressed.ply": Format(  # SuperSplat's chunked, quantised PLY
-        "compressed-ply", compressed_ply.read_compressed_ply, compressed_ply.save_compressed_ply
-    ),
-    ".splat": Format("splat", splat.read_splat, splat.save_splat),  # antimatter15's records
-    ".spz": Format("spz", spz.read_spz, spz.save_spz),  # Niantic's, version 4 written
-    ".sog": Format("sog", sog.read_sog, sog.save_sog),  # PlayCanvas's WebP textures, one zip
-    "meta.json": Format("sog-folder", sog.read_sog, sog.save_sog),  # the same, loose files
-    ".glb": Format("glb", glb.read_glb, glb.save_glb),  # glTF 2.0 + KHR_gaussian_splatting
+    ".ply": Format("ply", "ply"),  # the 3DGS layout (compressed: read too)
+    ".compressed.ply": Format("compressed-ply", "compressed_ply"),  # SuperSplat's chunks
+    ".splat": Format("splat", "splat"),  # antimatter15's records
+    ".spz": Format("spz", "spz"),  # Niantic's, version 4 written
+    ".sog": Format("sog", "sog"),  # PlayCanvas's WebP textures, one zip
+    "meta.json": Format("sog-folder", "sog"),  # the same, loose files
+    ".glb": Format("glb", "glb"),  # glTF 2.0 + KHR_gaussian_splatting
 }
 SUFFIXES = tuple(FORMATS)
 BY_NAME = {f.name: suffix for suffix, f in FORMATS.items()}
 
-__all__ = ["ARRAY_NAMES", "BY_NAME", "FORMATS", "SUFFIXES", "SplatData", "format_of",
+__all__ = ["BY_NAME", "FORMATS", "SPLAT_KEYS", "SUFFIXES", "SplatData", "format_of",
            "load_gaussians", "read_gaussians", "save_gaussians"]  # fmt: skip
 
 
@@ -91,8 +107,8 @@ def load_gaussians(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a splat file (:func:`read_gaussians`); what the reader ignored becomes a warning.
 
     Returns:
-        ``means`` [N, 3], ``quats`` [N, 4], ``log_scales`` [N, 3], ``opacity_logits`` [N],
-        ``sh`` [N, K, 3], float32.
+        ``means`` [N, 3], ``scales`` [N, 3], ``quats`` [N, 4], ``opacities`` [N], ``sh0``
+        [N, 1, 3], ``shN`` [N, K - 1, 3], float32.
     """
     data = read_gaussians(path)
     for note in data.notes:
@@ -103,8 +119,9 @@ def load_gaussians(path: str | Path) -> dict[str, torch.Tensor]:
 def save_gaussians(
     path: str | Path, gaussians: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write ``gaussians`` (the dict :func:`load_gaussians` returns) by ``path``'s name."""
+    """Write ``gaussians`` (:data:`SPLAT_KEYS`, the dict :func:`load_gaussians` returns) by
+    ``path``'s name."""
     path = Path(path)
     fmt = format_of(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return fmt.save(path, *[gaussians[k] for k in ARRAY_NAMES], antialiased=antialiased)
+    return fmt.save(path, gaussians, antialiased=antialiased)

@@ -15,7 +15,7 @@ and the primitive's extension object names the kernel (``ellipse``) and colour s
 spec allows; tilesplat writes float32 everywhere, so the file keeps every value but the
 logs and logits (float32 ``exp`` / ``sigmoid`` of them). glTF's frame is ``LUF`` (+y up,
 +z forward, -x right): tilesplat turns its ``RDF`` Gaussians a half turn about z on write and
-back on read, as splat-transform's writer does (:mod:`.frames`).
+back on read, as splat-transform's writer does (:mod:`.axes`).
 
 Read: every Gaussian primitive of the file, concatenated; a node transform, a sparse or
 external buffer, or a required extension other than this one is refused rather than misread.
@@ -30,19 +30,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import (
     Cursor,
     SplatData,
+    all_sh,
     as_arrays,
     check_writable,
     decoded,
     malformed,
     read_file,
     sh_degree,
+    split_sh,
 )
 from .atomic import atomic_writer
-from .frames import GLTF_FRAME, PLY_FRAME, change_frame
+from .axes import GLTF_FRAME, PLY_FRAME, change_frame
 
 EXT = "KHR_gaussian_splatting"
 MAGIC = 0x46546C67  # "glTF"
@@ -61,33 +63,29 @@ def _sh_names(degree: int) -> list[str]:
     return [f"{EXT}:SH_DEGREE_{d}_COEF_{m}" for d in range(degree + 1) for m in range(2 * d + 1)]
 
 
-def encode_glb(
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], degree <= 3
-) -> bytes:
-    """The ``.glb`` bytes of the Gaussians (see the module docstring)."""
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+def encode_glb(splats: dict[str, torch.Tensor]) -> bytes:
+    """The ``.glb`` bytes of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3; see
+    the module docstring)."""
+    a = as_arrays(splats)
     check_writable(a, "glTF KHR_gaussian_splatting", 3)
-    if (a["log_scales"] > 88.0).any():
-        raise ValueError("log_scales: a scale above exp(88) does not fit a float32 SCALE")
+    if (a["scales"] > 88.0).any():
+        raise ValueError("scales: a scale above exp(88) does not fit a float32 SCALE")
     a = change_frame(a, PLY_FRAME, GLTF_FRAME)
     n = len(a["means"])
     q = a["quats"].astype(np.float64)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
-    opacity = 1.0 / (1.0 + np.exp(-a["opacity_logits"].astype(np.float64)))
-    rgba = np.concatenate([0.5 + SH_C0 * a["sh"][:, 0, :], opacity[:, None]], axis=1)
+    opacity = 1.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64)))
+    rgba = np.concatenate([sh0_to_rgb(a["sh0"][:, 0, :]), opacity[:, None]], axis=1)
     attrs: list[tuple[str, np.ndarray, int, str, bool]] = [
         ("POSITION", a["means"], 5126, "VEC3", False),
         ("COLOR_0", np.clip(np.round(rgba * 255), 0, 255).astype(np.uint8), 5121, "VEC4", True),
         (f"{EXT}:ROTATION", q[:, [1, 2, 3, 0]], 5126, "VEC4", False),
-        (f"{EXT}:SCALE", np.exp(a["log_scales"].astype(np.float64)), 5126, "VEC3", False),
+        (f"{EXT}:SCALE", np.exp(a["scales"].astype(np.float64)), 5126, "VEC3", False),
         (f"{EXT}:OPACITY", opacity, 5126, "SCALAR", False),
     ]
+    sh = all_sh(a)  # one attribute per coefficient, 0 .. K - 1
     for j, name in enumerate(_sh_names(sh_degree(a))):
-        attrs.append((name, a["sh"][:, j, :], 5126, "VEC3", False))
+        attrs.append((name, sh[:, j, :], 5126, "VEC3", False))
     views, accessors, attributes, blobs, offset = [], [], {}, [], 0
     for i, (name, arr, ctype, kind, norm) in enumerate(attrs):
         data = np.ascontiguousarray(arr, _COMPONENTS[ctype][0]).tobytes()
@@ -128,17 +126,12 @@ def encode_glb(
 
 
 def save_glb(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], degree <= 3
-    antialiased: bool = False,
+    path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write Gaussians as a ``.glb``, atomically. The extension has no antialiased flag:
-    ``antialiased`` is accepted and not recorded."""
-    data = encode_glb(means, quats, log_scales, opacity_logits, sh)
+    """Write Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3) as a ``.glb``,
+    atomically. The extension has no antialiased flag: ``antialiased`` is accepted and not
+    recorded."""
+    data = encode_glb(splats)
     path = Path(path)
     with atomic_writer(path) as f:
         f.write(data)
@@ -221,8 +214,8 @@ def _parse(path: Path, raw: bytes) -> _Gltf:
 
 
 def read_glb(path: str | Path) -> SplatData:
-    """Read the Gaussians of a ``.glb`` with ``KHR_gaussian_splatting`` primitives as raw
-    parameters in the 3DGS frame.
+    """Read the Gaussians of a ``.glb`` with ``KHR_gaussian_splatting`` primitives
+    (:data:`~._checks.SPLAT_KEYS`) in the 3DGS frame.
 
     Raises:
         FileNotFoundError: no such file.
@@ -257,6 +250,7 @@ def read_glb(path: str | Path) -> SplatData:
             pad = k - part["sh"].shape[1]
             part["sh"] = np.concatenate([part["sh"], np.zeros((len(part["sh"]), pad, 3))], 1)
         arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        arrays |= split_sh(arrays.pop("sh"))
     arrays = change_frame(arrays, GLTF_FRAME, PLY_FRAME)
     return decoded(path, arrays, False, notes)
 
@@ -290,7 +284,7 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
         if "COLOR_0" not in attrs:
             raise ValueError(f"{path}: {where} has neither SH_DEGREE_0_COEF_0 nor COLOR_0")
         color, _ = g.accessor(attrs["COLOR_0"], f"{where} COLOR_0")
-        sh = ((color[:, :3] - 0.5) / SH_C0)[:, None, :]
+        sh = rgb_to_sh0(color[:, :3])[:, None, :]
         notes.append(f"{path}: {where} has no SH; its colours come from COLOR_0")
     else:
         coeffs = []
@@ -315,15 +309,8 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
     opacity = np.clip(opacity, _OPACITY_EPS, 1 - _OPACITY_EPS)
     return {
         "means": vals["POSITION"],
+        "scales": np.log(scale),
         "quats": vals[f"{EXT}:ROTATION"][:, [3, 0, 1, 2]],
-        "log_scales": np.log(scale),
-        "opacity_logits": np.log(opacity / (1 - opacity)),
-        "sh": sh,
+        "opacities": np.log(opacity / (1 - opacity)),
+        "sh": sh,  # all K coefficients: split once the primitives are padded and joined
     }
-
-
-def load_glb(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a ``.glb`` (see :func:`read_glb`)."""
-    return read_glb(path).gaussians
-
-

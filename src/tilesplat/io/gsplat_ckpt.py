@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ._checks import SplatData, decoded
+from ._checks import SPLAT_KEYS, SplatData, as_arrays, decoded
 
-KEYS = ("means", "scales", "quats", "opacities", "sh0", "shN")
+KEYS = SPLAT_KEYS  # a checkpoint's "splats" hold the tensors by the names the files all use
 _NAME = re.compile(r"ckpt_(\d+)_rank(\d+)\.pt$")
 
 
@@ -100,7 +100,7 @@ def read_gsplat_checkpoint(target: str | Path) -> tuple[SplatData, int, list[Pat
     (all ranks concatenated).
 
     Returns:
-        (SplatData with the five arrays of :mod:`.gaussians`, the step, the files read).
+        (SplatData with the Gaussians, :data:`~._checks.SPLAT_KEYS`; the step; the files read).
 
     Raises:
         FileNotFoundError: nothing there, or a folder without ``ckpt_*_rank*.pt``.
@@ -124,39 +124,21 @@ def read_gsplat_checkpoint(target: str | Path) -> tuple[SplatData, int, list[Pat
     degrees = {p["shN"].shape[1] for p in parts}
     if len(degrees) != 1:
         raise ValueError(f"{files[0].parent}: the ranks' checkpoints hold different SH degrees")
-    cat = {k: torch.cat([p[k] for p in parts]) for k in KEYS}
-    arrays = {
-        "means": cat["means"].numpy(),
-        "quats": cat["quats"].numpy(),
-        "log_scales": cat["scales"].numpy(),
-        "opacity_logits": cat["opacities"].numpy(),
-        "sh": torch.cat([cat["sh0"], cat["shN"]], dim=1).numpy(),
-    }
+    arrays = {k: torch.cat([p[k] for p in parts]).numpy() for k in KEYS}
     folder = files[0].parent.parent if files[0].parent.name == "ckpts" else files[0].parent
     return decoded(files[0], arrays, _antialiased(folder)), step or 0, files
 
 
 def save_gsplat_checkpoint(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4]
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3]
-    step: int = 0,
+    path: str | Path, splats: dict[str, torch.Tensor], step: int = 0
 ) -> Path:
-    """Write the Gaussians as a gsplat checkpoint ``{"step", "splats"}`` (atomically), which
-    gsplat's ``simple_trainer.py --ckpt`` loads."""
+    """Write the Gaussians (:data:`~._checks.SPLAT_KEYS`) as a gsplat checkpoint ``{"step",
+    "splats"}`` (atomically), which gsplat's ``simple_trainer.py --ckpt`` loads."""
     import io as _io
 
-    from ._checks import as_arrays
     from .atomic import atomic_write_bytes
 
-    a = {k: torch.from_numpy(v) for k, v in as_arrays(means, quats, log_scales,
-                                                       opacity_logits, sh).items()}  # fmt: skip
-    splats = {"means": a["means"], "scales": a["log_scales"], "quats": a["quats"],
-              "opacities": a["opacity_logits"], "sh0": a["sh"][:, :1].contiguous(),
-              "shN": a["sh"][:, 1:].contiguous()}  # fmt: skip
+    tensors = {k: torch.from_numpy(v) for k, v in as_arrays(splats).items()}
     buf = _io.BytesIO()
-    torch.save({"step": step, "splats": splats}, buf)
+    torch.save({"step": step, "splats": tensors}, buf)
     return atomic_write_bytes(path, buf.getvalue())

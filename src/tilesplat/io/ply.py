@@ -7,8 +7,9 @@ One ``vertex`` element with these properties (any order, any PLY number type)::
 
 ``R = 3 * ((degree + 1)^2 - 1)`` (45 for degree 3, none for degree 0). ``f_rest`` is
 channel-major as in 3DGS: all red higher-band coefficients, then green, then blue. The stored
-values are the raw parameters: opacity as a logit, scales as logs, the quaternion (w, x, y, z)
-unnormalised. tilesplat writes binary little endian float32 (normals as zeros) and the comment
+values are the trainer's parameters (:data:`~._checks.SPLAT_KEYS`): opacity as a logit, scales
+as logs, the quaternion (w, x, y, z) unnormalised; ``f_dc`` is ``sh0``, ``f_rest`` ``shN``.
+tilesplat writes binary little endian float32 (normals as zeros) and the comment
 ``SplatRenderMode: mip`` for antialiased models, as Brush and splat-transform do; it reads
 ascii and both binary byte orders, ignores (with a note) properties and elements it does not
 use, and reads SuperSplat's compressed layout when the vertex element holds
@@ -50,30 +51,26 @@ def _property_names(num_rest: int) -> list[str]:
 
 
 def save_ply(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z), raw
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], K = (degree + 1)^2
-    antialiased: bool = False,
+    path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write Gaussians as a 3DGS PLY, atomically (temp file in the same folder, then rename).
+    """Write Gaussians (:data:`~._checks.SPLAT_KEYS`: means [N, 3], scales [N, 3] log, quats
+    [N, 4] raw, opacities [N] logits, sh0 [N, 1, 3], shN [N, K - 1, 3]) as a 3DGS PLY,
+    atomically (temp file in the same folder, then rename).
 
     Values are stored as float32: float32 inputs round-trip bitwise through :func:`load_ply`.
     ``antialiased`` adds the ``SplatRenderMode: mip`` comment.
     """
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
-    n, k = a["sh"].shape[:2]
-    names = _property_names(3 * (k - 1))
+    a = as_arrays(splats)
+    n, rest = len(a["means"]), a["shN"].shape[1]
+    names = _property_names(3 * rest)
     data = np.empty((n, len(names)), "<f4")  # filled in place: no copy of a large model
     data[:, 0:3] = a["means"]
     data[:, 3:6] = 0.0
-    data[:, 6:9] = a["sh"][:, 0, :]
-    r = 9 + 3 * (k - 1)
-    data[:, 9:r] = a["sh"][:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * (k - 1))  # channel-major
-    data[:, r] = a["opacity_logits"]
-    data[:, r + 1 : r + 4] = a["log_scales"]
+    data[:, 6:9] = a["sh0"][:, 0, :]
+    r = 9 + 3 * rest
+    data[:, 9:r] = a["shN"].transpose(0, 2, 1).reshape(n, 3 * rest)  # channel-major
+    data[:, r] = a["opacities"]
+    data[:, r + 1 : r + 4] = a["scales"]
     data[:, r + 4 : r + 8] = a["quats"]
     header = (
         "ply\nformat binary_little_endian 1.0\n"
@@ -124,8 +121,8 @@ def _is_number(token: bytes) -> bool:
 
 
 def read_ply(path: str | Path) -> SplatData:
-    """Read a Gaussian PLY (3DGS layout, or SuperSplat's compressed one) as raw parameters,
-    with its antialiased comment and notes on what was ignored.
+    """Read a Gaussian PLY (3DGS layout, or SuperSplat's compressed one): its Gaussians
+    (:data:`~._checks.SPLAT_KEYS`), its antialiased comment and notes on what was ignored.
 
     Raises:
         FileNotFoundError: no such file.
@@ -188,18 +185,14 @@ def read_ply(path: str | Path) -> SplatData:
                 out[:, i] = col(p)
             return out
 
-        k = (degree + 1) ** 2
-        sh = np.empty((n, k, 3), np.float32)
-        sh[:, 0, :] = cols("f_dc_0", "f_dc_1", "f_dc_2")
-        if k > 1:
-            rest = cols(*[f"f_rest_{i}" for i in range(num_rest)]).reshape(n, 3, k - 1)
-            sh[:, 1:, :] = rest.transpose(0, 2, 1)
+        rest = cols(*[f"f_rest_{i}" for i in range(num_rest)]).reshape(n, 3, num_rest // 3)
         arrays = {
             "means": cols("x", "y", "z"),
+            "scales": cols("scale_0", "scale_1", "scale_2"),
             "quats": cols("rot_0", "rot_1", "rot_2", "rot_3"),
-            "log_scales": cols("scale_0", "scale_1", "scale_2"),
-            "opacity_logits": cols("opacity")[:, 0],
-            "sh": sh,
+            "opacities": cols("opacity")[:, 0],
+            "sh0": cols("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
+            "shN": rest.transpose(0, 2, 1),  # channel-major in the file
         }
     return decoded(path, arrays, header.antialiased(), notes)
 
@@ -208,7 +201,7 @@ def load_ply(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a 3DGS PLY (see :func:`read_ply`).
 
     Returns:
-        ``means`` [N, 3], ``quats`` [N, 4], ``log_scales`` [N, 3], ``opacity_logits`` [N],
-        ``sh`` [N, K, 3] (K = (degree + 1)^2), all float32.
+        ``means`` [N, 3], ``scales`` [N, 3], ``quats`` [N, 4], ``opacities`` [N], ``sh0``
+        [N, 1, 3], ``shN`` [N, K - 1, 3] (K = (degree + 1)^2), all float32.
     """
     return read_ply(path).gaussians

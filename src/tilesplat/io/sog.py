@@ -79,16 +79,10 @@ def palette_size(n: int) -> int:
     return int(min(SH_PALETTE, 2 ** max(0, math.floor(math.log2(max(n / 8, 1))))))
 
 
-def encode_sog(
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], degree <= 3
-    antialiased: bool = False,
-) -> dict[str, bytes]:
-    """The files of a SOG: ``meta.json`` and the WebP textures, by name."""
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> dict[str, bytes]:
+    """The files of a SOG of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3):
+    ``meta.json`` and the WebP textures, by name."""
+    a = as_arrays(splats)
     check_writable(a, "SOG", 3)
     n, degree = len(a["means"]), sh_degree(a)
     w = math.ceil(math.sqrt(n) / 4) * 4
@@ -122,10 +116,10 @@ def encode_sog(
     qb = np.clip(np.round(255 * (three * 0.5 + 0.5)), 0, 255).astype(np.uint8)
     files["quats.webp"] = texture(qb[:, 0], qb[:, 1], qb[:, 2], 252 + largest)
 
-    scale_book, scale_lab = kmeans_1d(a["log_scales"])
+    scale_book, scale_lab = kmeans_1d(a["scales"])
     files["scales.webp"] = texture(*scale_lab.T)
-    dc_book, dc_lab = kmeans_1d(a["sh"][:, 0, :])
-    alpha = 255.0 / (1.0 + np.exp(-a["opacity_logits"].astype(np.float64)))
+    dc_book, dc_lab = kmeans_1d(a["sh0"][:, 0, :])
+    alpha = 255.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64)))
     files["sh0.webp"] = texture(*dc_lab.T, np.clip(np.round(alpha), 0, 255))
     meta = {
         "version": 2,
@@ -140,7 +134,7 @@ def encode_sog(
     }  # fmt: skip
     if degree:
         c = SH_COEFFS[degree]
-        rest = a["sh"][:, 1:, :].transpose(0, 2, 1).reshape(n, 3 * c)  # channel-major
+        rest = a["shN"].transpose(0, 2, 1).reshape(n, 3 * c)  # channel-major
         centroids, labels = kmeans(rest, palette_size(n), SH_ITERATIONS)
         book, lab = kmeans_1d(centroids)  # [P, 3C] indices
         p = len(centroids)
@@ -156,17 +150,12 @@ def encode_sog(
 
 
 def save_sog(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], degree <= 3
-    antialiased: bool = False,
+    path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write a SOG: one ``.sog`` zip, or, for a path named ``meta.json``, that file and its
-    textures beside it. Each file is written atomically; returns the path."""
-    files = encode_sog(means, quats, log_scales, opacity_logits, sh, antialiased)
+    """Write the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3) as a SOG: one
+    ``.sog`` zip, or, for a path named ``meta.json``, that file and its textures beside it.
+    Each file is written atomically; returns the path."""
+    files = encode_sog(splats, antialiased)
     path = Path(path)
     if path.name.lower().endswith("meta.json"):
         for name, data in files.items():
@@ -275,8 +264,8 @@ def _files_of(meta: dict, key: str, count: int, path: Path) -> list:
 
 
 def read_sog(path: str | Path) -> SplatData:
-    """Read a SOG (a ``.sog`` bundle or a ``meta.json`` with its textures) as raw
-    parameters.
+    """Read a SOG (a ``.sog`` bundle or a ``meta.json`` with its textures): its Gaussians
+    (:data:`~._checks.SPLAT_KEYS`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -333,11 +322,11 @@ def read_sog(path: str | Path) -> SplatData:
         big = np.sqrt(np.maximum(0.0, 1 - (three * three).sum(1)))
         np.put_along_axis(quats, largest[:, None], big[:, None], axis=1)
         st = _image(files, _files_of(meta, "scales", 1, path)[0], lo, hi)[:n]
-        log_scales = _lookup(path, _codebook(path, meta, "scales"), st[:, :3], "scales")
+        scales = _lookup(path, _codebook(path, meta, "scales"), st[:, :3], "scales")
         ct = _image(files, _files_of(meta, "sh0", 1, path)[0], lo, hi)[:n]
         dc = _lookup(path, _codebook(path, meta, "sh0"), ct[:, :3], "sh0")
         alpha = np.clip(ct[:, 3] / 255.0, _ALPHA_EPS, 1 - _ALPHA_EPS)
-        sh = dc[:, None, :]
+        sh_n = np.zeros((n, 0, 3))
         if meta.get("shN") is not None:
             shn = meta["shN"]
             degree = shn.get("bands") if isinstance(shn, dict) else None
@@ -357,12 +346,8 @@ def read_sog(path: str | Path) -> SplatData:
                                  "entries")  # fmt: skip
             book = _codebook(path, meta, "shN")
             pal = _lookup(path, book, cen[:, :3].reshape(rows * 64, c, 3), "shN")  # [P, C, 3]
-            sh = np.concatenate([sh, pal[label]], axis=1)
-    arrays = {"means": means, "quats": quats, "log_scales": log_scales,
-              "opacity_logits": np.log(alpha / (1 - alpha)), "sh": sh}  # fmt: skip
+            sh_n = pal[label]
+    arrays = {"means": means, "scales": scales, "quats": quats,
+              "opacities": np.log(alpha / (1 - alpha)), "sh0": dc[:, None, :],
+              "shN": sh_n}  # fmt: skip
     return decoded(path, arrays, model == "antialiased", notes)
-
-
-def load_sog(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a SOG (see :func:`read_sog`)."""
-    return read_sog(path).gaussians

@@ -4,7 +4,7 @@ Each Gaussian, little endian, no header::
 
     float32 x, y, z                      position
     float32 sx, sy, sz                   scales (linear: exp of the log-scales)
-    uint8   r, g, b, a                   base colour (0.5 + SH_C0 * dc) and opacity, x 255
+    uint8   r, g, b, a                   base colour (sh0_to_rgb of sh0) and opacity, x 255
     uint8   qw, qx, qy, qz               unit quaternion, round(q * 128 + 128) clipped to 0..255
 
 Only the degree-0 colour survives (view-dependent colour is dropped); colour, opacity and
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..constants import SH_C0
+from ..sh_rgb import rgb_to_sh0, sh0_to_rgb
 from ._checks import SplatData, as_arrays, check_count, decoded, read_file
 from .atomic import atomic_writer
 
@@ -31,33 +31,29 @@ assert RECORD.itemsize == 32
 _ALPHA_EPS = 0.5 / 255.0  # alpha 0 or 255 decodes to this far inside (0, 1): a finite logit
 
 
-def splat_order(log_scales: np.ndarray, opacity_logits: np.ndarray) -> np.ndarray:
-    """Indices largest first by volume x opacity: [N] int64 (stable for ties)."""
-    key = log_scales.astype(np.float64).sum(axis=1) - np.logaddexp(0.0, -opacity_logits)
+def splat_order(scales: np.ndarray, opacities: np.ndarray) -> np.ndarray:
+    """Indices largest first by volume x opacity of log-scales [N, 3] and opacity logits [N]:
+    [N] int64 (stable for ties)."""
+    key = scales.astype(np.float64).sum(axis=1) - np.logaddexp(0.0, -opacities)
     return np.argsort(-key, kind="stable")
 
 
 def save_splat(
-    path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z), any norm
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3]; only sh[:, 0] is kept
-    antialiased: bool = False,
+    path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
-    """Write Gaussians as a ``.splat`` file, atomically; returns the path. The layout has no
-    antialiased flag: ``antialiased`` is accepted and not recorded."""
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    """Write Gaussians (:data:`~._checks.SPLAT_KEYS`; only ``sh0`` of the colours is kept) as
+    a ``.splat`` file, atomically; returns the path. The layout has no antialiased flag:
+    ``antialiased`` is accepted and not recorded."""
+    a = as_arrays(splats)
     norms = np.linalg.norm(a["quats"], axis=1, keepdims=True)
     if not np.all(norms > 0):
         raise ValueError("quats: a quaternion is zero")
-    order = splat_order(a["log_scales"], a["opacity_logits"])
+    order = splat_order(a["scales"], a["opacities"])
     rec = np.empty(len(order), RECORD)
     rec["position"] = a["means"][order]
-    rec["scale"] = np.exp(a["log_scales"][order])
-    rgb = 0.5 + SH_C0 * a["sh"][order, 0, :]
-    alpha = 1.0 / (1.0 + np.exp(-a["opacity_logits"][order].astype(np.float64)))
+    rec["scale"] = np.exp(a["scales"][order])
+    rgb = sh0_to_rgb(a["sh0"][order, 0, :])
+    alpha = 1.0 / (1.0 + np.exp(-a["opacities"][order].astype(np.float64)))
     rec["rgba"][:, :3] = np.clip(np.round(rgb * 255.0), 0, 255)
     rec["rgba"][:, 3] = np.clip(np.round(alpha * 255.0), 0, 255)
     q = (a["quats"] / norms)[order]
@@ -69,7 +65,7 @@ def save_splat(
 
 
 def read_splat(path: str | Path) -> SplatData:
-    """Read a ``.splat`` file (see the module docstring) as raw parameters, SH degree 0.
+    """Read a ``.splat`` file (see the module docstring): Gaussians of SH degree 0.
 
     Raises:
         FileNotFoundError: no such file.
@@ -95,10 +91,11 @@ def read_splat(path: str | Path) -> SplatData:
         log_scales = np.log(scales)
     arrays = {
         "means": rec["position"].astype(np.float32),
+        "scales": log_scales,
         "quats": (rec["rot"].astype(np.float32) - 128.0) / 128.0,
-        "log_scales": log_scales,
-        "opacity_logits": np.log(alpha / (1.0 - alpha)).astype(np.float32),
-        "sh": ((rgba[:, None, :3] - 0.5) / SH_C0).astype(np.float32),
+        "opacities": np.log(alpha / (1.0 - alpha)).astype(np.float32),
+        "sh0": rgb_to_sh0(rgba[:, None, :3]).astype(np.float32),
+        "shN": np.zeros((len(rec), 0, 3), np.float32),
     }
     return decoded(path, arrays)
 

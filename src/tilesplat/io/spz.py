@@ -35,7 +35,7 @@ through that library with ``from: UNSPECIFIED`` and reads without conversion. So
 circulation hold the PLY's own axes, and tilesplat writes and reads them that way: no axis
 changes (docs/formats.md has the evidence). A file whose ``SPZ_ADOBE_coordinate_system``
 record (0xADBE0003) names the frame it was stored in is converted from that frame to the
-3DGS one (:mod:`.frames`), as Niantic's library does for a caller that asks for RDF; other
+3DGS one (:mod:`.axes`), as Niantic's library does for a caller that asks for RDF; other
 records are skipped with a note, as the spec says readers do.
 """
 
@@ -64,7 +64,7 @@ from ._checks import (
     zstd_compress,
 )
 from .atomic import atomic_writer
-from .frames import PLY_FRAME, SPZ_SYSTEMS, change_frame
+from .axes import PLY_FRAME, SPZ_SYSTEMS, change_frame
 
 MAGIC = 0x5053474E
 VERSION = 4
@@ -143,7 +143,7 @@ def _quantise_sh(x: np.ndarray, bucket: int) -> np.ndarray:
 
 def _pack(a: dict[str, np.ndarray], version: int) -> tuple[int, list[bytes]]:
     """(fractional bits, the six attribute byte strings) of checked arrays."""
-    n, k = a["sh"].shape[:2]
+    n = len(a["means"])
     bits = fractional_bits_for(a["means"])
     fixed = np.round(a["means"].astype(np.float64) * (1 << bits)).astype(np.int64)
     positions = (fixed[..., None] >> np.array([0, 8, 16])) & 0xFF  # [N, 3, 3] little endian
@@ -154,10 +154,10 @@ def _pack(a: dict[str, np.ndarray], version: int) -> tuple[int, list[bytes]]:
     else:
         q = np.where(q[:, 3:] < 0, -q, q)
         rotations = _u8(q[:, :3] * 127.5 + 127.5)
-    alphas = _u8(255.0 / (1.0 + np.exp(-a["opacity_logits"].astype(np.float64))))
-    colors = _u8(a["sh"][:, 0, :].astype(np.float64) * (COLOR_SCALE * 255.0) + 127.5)
-    scales = _u8((a["log_scales"].astype(np.float64) + 10.0) * 16.0)
-    rest = a["sh"][:, 1:, :]  # [N, K - 1, 3]
+    alphas = _u8(255.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64))))
+    colors = _u8(a["sh0"][:, 0, :].astype(np.float64) * (COLOR_SCALE * 255.0) + 127.5)
+    scales = _u8((a["scales"].astype(np.float64) + 10.0) * 16.0)
+    rest = a["shN"]  # [N, K - 1, 3]
     shq = np.empty(rest.shape, np.uint8)
     shq[:, :3] = _quantise_sh(rest[:, :3], SH1_BUCKET)
     shq[:, 3:] = _quantise_sh(rest[:, 3:], SH_REST_BUCKET)
@@ -166,18 +166,13 @@ def _pack(a: dict[str, np.ndarray], version: int) -> tuple[int, list[bytes]]:
 
 
 def encode_spz(
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z), any norm
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3], K <= 25
-    version: int = VERSION,
-    antialiased: bool = False,
+    splats: dict[str, torch.Tensor], version: int = VERSION, antialiased: bool = False
 ) -> bytes:
-    """The ``.spz`` bytes of the Gaussians (see the module docstring), in their own frame."""
+    """The ``.spz`` bytes of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 4;
+    see the module docstring), in their own frame."""
     if version not in WRITE_VERSIONS:
         raise ValueError(f"SPZ version must be one of {list(WRITE_VERSIONS)}, got {version}")
-    a = as_arrays(means, quats, log_scales, opacity_logits, sh)
+    a = as_arrays(splats)
     check_writable(a, "SPZ", 4)
     n, degree = len(a["means"]), sh_degree(a)
     if n >= 1 << 32:
@@ -200,16 +195,13 @@ def encode_spz(
 
 def save_spz(
     path: str | Path,
-    means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] (w, x, y, z)
-    log_scales: torch.Tensor,  # [N, 3]
-    opacity_logits: torch.Tensor,  # [N]
-    sh: torch.Tensor,  # [N, K, 3]
+    splats: dict[str, torch.Tensor],
     antialiased: bool = False,
     version: int = VERSION,
 ) -> Path:
-    """Write Gaussians as an ``.spz`` file (version 4 unless asked), atomically."""
-    data = encode_spz(means, quats, log_scales, opacity_logits, sh, version, antialiased)
+    """Write Gaussians (:data:`~._checks.SPLAT_KEYS`) as an ``.spz`` file (version 4 unless
+    asked), atomically."""
+    data = encode_spz(splats, version, antialiased)
     path = Path(path)
     with atomic_writer(path) as f:
         f.write(data)
@@ -326,7 +318,7 @@ def _read_legacy(path: Path, raw: bytes, notes: list[str]) -> Decoded:
 
 
 def read_spz(path: str | Path) -> SplatData:
-    """Read an ``.spz`` file (versions 1-4) as raw parameters in the 3DGS frame.
+    """Read an ``.spz`` file (versions 1-4): its Gaussians in the 3DGS frame.
 
     Raises:
         FileNotFoundError: no such file.
@@ -362,7 +354,7 @@ def _decode(fields: tuple, parts: list[memoryview]) -> dict[str, np.ndarray]:
         means = fixed.astype(np.float32) / np.float32(1 << bits)
     alpha = np.clip(np.frombuffer(parts[1], np.uint8) / 255.0, _ALPHA_EPS, 1.0 - _ALPHA_EPS)
     dc = (np.frombuffer(parts[2], np.uint8).reshape(n, 3) / 255.0 - 0.5) / COLOR_SCALE
-    log_scales = np.frombuffer(parts[3], np.uint8).reshape(n, 3) / 16.0 - 10.0
+    scales = np.frombuffer(parts[3], np.uint8).reshape(n, 3) / 16.0 - 10.0
     if version >= 3:
         q = unpack_quats_v3(np.frombuffer(parts[4], "<u4"))
     else:
@@ -372,10 +364,11 @@ def _decode(fields: tuple, parts: list[memoryview]) -> dict[str, np.ndarray]:
     rest = (np.frombuffer(parts[5], np.uint8).reshape(n, k - 1, 3) - 128.0) / 128.0
     return {
         "means": means,
+        "scales": scales,
         "quats": q[:, [3, 0, 1, 2]],
-        "log_scales": log_scales,
-        "opacity_logits": np.log(alpha / (1.0 - alpha)),
-        "sh": np.concatenate([dc[:, None, :], rest], axis=1),
+        "opacities": np.log(alpha / (1.0 - alpha)),
+        "sh0": dc[:, None, :],
+        "shN": rest,
     }
 
 

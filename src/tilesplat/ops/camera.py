@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
-from ..constants import CAMERA_MODELS
 from .validation import (
     Shapes,
     check_choice,
@@ -119,7 +119,7 @@ def proj(
         covars: covariances in camera space. [..., C, N, 3, 3]
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels (the pinhole Jacobian clamps to the widened view).
-        camera_model: one of ``constants.CAMERA_MODELS`` (``pinhole``, ``ortho``,
+        camera_model: one of ``backends.cameras.CAMERA_MODELS`` (``pinhole``, ``ortho``,
             ``fisheye``; ``ftheta`` needs 3DGUT: missing).
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
 

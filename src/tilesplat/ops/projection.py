@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
-from ..constants import CAMERA_MODELS
 from .validation import (
     Shapes,
     check_bool,
@@ -82,7 +82,7 @@ def fully_fused_projection(
     """Projects Gaussians to 2D (covariance, world→camera, EWA projection, conic, radii).
 
     Args follow gsplat 1.5.3: ``covars`` (upper triangle xx, xy, xz, yy, yz, zz) or
-    ``quats`` + ``scales``; ``camera_model`` is one of ``constants.CAMERA_MODELS``
+    ``quats`` + ``scales``; ``camera_model`` is one of ``backends.cameras.CAMERA_MODELS``
     (``pinhole``, ``ortho``, ``fisheye``);
     ``opacities`` (optional) tightens radii and culls Gaussians below 1/255.
     ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda``.

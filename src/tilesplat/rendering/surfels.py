@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..constants import RENDER_MODES
+from ..constants import RENDER_MODES, TILE_SIZE
 from ..ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
 from ..ops.validation import (
     Shapes,
@@ -66,7 +66,7 @@ def rasterization_2dgs(
     eps2d: float = 0.3,
     sh_degree: int | None = None,
     packed: bool = False,
-    tile_size: int = 16,
+    tile_size: int = TILE_SIZE,
     backgrounds: Tensor | None = None,  # [..., C, D]
     render_mode: str = "RGB",
     sparse_grad: bool = False,

@@ -1,10 +1,10 @@
 """What the viewer shows, without viser: Gaussians, browser cameras and tilesplat's render.
 
-The Gaussians are the raw parameters of :mod:`tilesplat.io.gaussians` (``means`` [N, 3],
-``quats`` [N, 4] (w, x, y, z), ``log_scales`` [N, 3], ``opacity_logits`` [N], ``sh``
-[N, K, 3]). A browser camera is viser's: ``wxyz`` and ``position`` of camera-to-world with
-OpenCV axes (x right, y down, z forward, the frame of tilesplat's viewmats) and a vertical
-field of view in radians.
+The Gaussians are the trainer's parameters by gsplat's names, as :mod:`tilesplat.io.gaussians`
+reads them (``means`` [N, 3], ``scales`` [N, 3] log, ``quats`` [N, 4] (w, x, y, z),
+``opacities`` [N] logits, ``sh0`` [N, 1, 3], ``shN`` [N, K - 1, 3]). A browser camera is
+viser's: ``wxyz`` and ``position`` of camera-to-world with OpenCV axes (x right, y down, z
+forward, the frame of tilesplat's viewmats) and a vertical field of view in radians.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..constants import SH_C0
+from ..io.gaussians import SPLAT_KEYS
 from ..rendering import rasterization
+from ..sh_rgb import sh0_to_rgb
 
 VIEW_MODES = ("RGB", "depth", "alpha")
 Gaussians = dict[str, Tensor]
@@ -28,19 +29,12 @@ def gaussians_from_params(params: dict[str, Tensor]) -> Gaussians:
     """The trainer's parameters (``means``, ``scales``, ``quats``, ``opacities``, ``sh0``,
     ``shN``) as viewer Gaussians: detached float32 CPU copies."""
     with torch.no_grad():
-        g = {
-            "means": params["means"],
-            "quats": params["quats"],
-            "log_scales": params["scales"],
-            "opacity_logits": params["opacities"],
-            "sh": torch.cat([params["sh0"], params["shN"]], dim=1),
-        }
-        return {k: v.detach().to("cpu", torch.float32).clone() for k, v in g.items()}
+        return {k: params[k].detach().to("cpu", torch.float32).clone() for k in SPLAT_KEYS}
 
 
 def sh_degree_of(g: Gaussians) -> int:
-    """The SH degree of ``sh`` [N, K, 3]: sqrt(K) - 1."""
-    return math.isqrt(int(g["sh"].shape[1])) - 1
+    """The SH degree of ``shN`` [N, K - 1, 3]: sqrt(K) - 1."""
+    return math.isqrt(int(g["shN"].shape[1]) + 1) - 1
 
 
 @dataclass
@@ -70,10 +64,10 @@ def splat_buffers(g: Gaussians) -> SplatBuffers:
             ],
             dim=-1,
         ).reshape(-1, 3, 3)  # fmt: skip
-        m = rot * torch.exp(g["log_scales"].double())[:, None, :]
+        m = rot * torch.exp(g["scales"].double())[:, None, :]
         cov = m @ m.transpose(1, 2)
-        rgb = (0.5 + SH_C0 * g["sh"][:, 0, :]).clamp(0.0, 1.0)
-        opacity = torch.sigmoid(g["opacity_logits"])[:, None]
+        rgb = sh0_to_rgb(g["sh0"][:, 0, :]).clamp(0.0, 1.0)
+        opacity = torch.sigmoid(g["opacities"])[:, None]
     return SplatBuffers(
         g["means"].numpy().astype(np.float32),
         cov.numpy().astype(np.float32),
@@ -165,9 +159,9 @@ def render_view(
     out, alpha, _ = rasterization(
         means=g["means"],
         quats=g["quats"],
-        scales=torch.exp(g["log_scales"]),
-        opacities=torch.sigmoid(g["opacity_logits"]),
-        colors=g["sh"],
+        scales=torch.exp(g["scales"]),
+        opacities=torch.sigmoid(g["opacities"]),
+        colors=torch.cat([g["sh0"], g["shN"]], dim=1),
         viewmats=torch.as_tensor(viewmat, dtype=torch.float32)[None],
         Ks=torch.as_tensor(K, dtype=torch.float32)[None],
         width=width,

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..constants import BACKENDS
@@ -311,14 +310,3 @@ class ViewServer:
         for t in self._threads:
             t.join(timeout=5.0)
         self.server.stop()
-
-
-def pixel_stats(image: np.ndarray, background: tuple[int, int, int]) -> tuple[float, np.ndarray]:
-    """(foreground share, centroid (x, y) in pixels) of an [H, W, 3] uint8 image: pixels that
-    differ from ``background`` by more than 24 in some channel."""
-    diff = np.abs(image[..., :3].astype(np.int16) - np.asarray(background, np.int16)).max(-1)
-    fg = diff > 24
-    if not fg.any():
-        return 0.0, np.array([np.nan, np.nan])
-    ys, xs = np.nonzero(fg)
-    return float(fg.mean()), np.array([xs.mean() + 0.5, ys.mean() + 0.5])

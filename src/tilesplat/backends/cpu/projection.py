@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...constants import CAMERA_CODES
+from ..cameras import camera_code
 from ._common import BLOCK, alloc, parallel_for, view
 from .projection_bwd import CHUNK, backward_kernel, reduce_viewmats
 from .projection_fwd import forward_kernel
@@ -65,7 +65,7 @@ def forward(
         float(near_plane),
         float(far_plane),
         float(radius_clip),
-        CAMERA_CODES[camera_model],
+        camera_code(camera_model),
         view(radii),
         view(means2d),
         view(depths),
@@ -122,7 +122,7 @@ def backward(
         width,
         height,
         float(eps2d),
-        CAMERA_CODES[camera_model],
+        camera_code(camera_model),
         view(radii),
         view(v_means2d.contiguous()),
         view(v_depths.contiguous()),

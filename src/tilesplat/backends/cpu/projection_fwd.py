@@ -3,7 +3,8 @@ the reference's culling (``backends/torch/projection.py``), and the helpers its 
 (``projection_bwd``) shares. The launchers are in ``projection``.
 
 Blocks of Gaussians run over threads (``_common.parallel_for``), all cameras in turn; the
-camera model is ``shared.cameras``' dispatch on its code (``constants.CAMERA_CODES``).
+camera model is ``shared.cameras``' dispatch on its code (its index in
+``backends/cameras.CAMERA_MODELS``).
 """
 
 from __future__ import annotations

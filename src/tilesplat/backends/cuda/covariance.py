@@ -11,7 +11,6 @@ from .device_math import device_math
 from .runtime import cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
-TRIU = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
 
 
 def make_covar_fwd(ft: type):

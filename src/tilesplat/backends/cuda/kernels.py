@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba.core import types as nt
 
+from ...constants import TILE_SIZE  # what the PTX checks compile for (kernels take any)
 from .covariance import make_covar_bwd, make_covar_fwd
 from .indices import make_indices_2dgs
 from .intersect import isect_offset_encode_kernel, make_isect_count, make_isect_fill
@@ -25,7 +26,6 @@ from .twodgs_projection import make_projection_2dgs_bwd, make_projection_2dgs_fw
 from .twodgs_rasterize_bwd import make_rasterize_2dgs_bwd
 from .twodgs_rasterize_fwd import make_rasterize_2dgs_fwd
 
-TILE = 16  # the tile size the PTX checks compile for (the kernels take any)
 CHANNELS = 3
 
 
@@ -209,20 +209,20 @@ def twodgs_raster_spec(kernel: str, tile_size: int, channels: int) -> KernelSpec
 
 
 KERNELS: tuple[KernelSpec, ...] = (
-    KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS), _fwd_args),
+    KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE_SIZE, CHANNELS), _fwd_args),
     KernelSpec("rasterize_fwd_keep_sum",
-               lambda ft: make_rasterize_fwd(ft, TILE, CHANNELS, 2), _fwd_args),
-    KernelSpec("rasterize_bwd_per_pixel", lambda ft: make_bwd_per_pixel(ft, TILE, CHANNELS),
+               lambda ft: make_rasterize_fwd(ft, TILE_SIZE, CHANNELS, 2), _fwd_args),
+    KernelSpec("rasterize_bwd_per_pixel", lambda ft: make_bwd_per_pixel(ft, TILE_SIZE, CHANNELS),
                _per_pixel_args),
     KernelSpec("rasterize_bwd_per_splat_32",
-               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 32), _per_splat_args),
+               lambda ft: make_bwd_per_splat(ft, TILE_SIZE, CHANNELS, 32), _per_splat_args),
     KernelSpec("rasterize_bwd_per_splat_256",
-               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 256), _per_splat_args),
+               lambda ft: make_bwd_per_splat(ft, TILE_SIZE, CHANNELS, 256), _per_splat_args),
     # the deterministic option's variants (a row per intersection and warp) and their sum
     KernelSpec("rasterize_bwd_per_pixel_det",
-               lambda ft: make_bwd_per_pixel(ft, TILE, CHANNELS, True), _per_pixel_args),
+               lambda ft: make_bwd_per_pixel(ft, TILE_SIZE, CHANNELS, True), _per_pixel_args),
     KernelSpec("rasterize_bwd_per_splat_32_det",
-               lambda ft: make_bwd_per_splat(ft, TILE, CHANNELS, 32, True), _per_splat_args),
+               lambda ft: make_bwd_per_splat(ft, TILE_SIZE, CHANNELS, 32, True), _per_splat_args),
     KernelSpec("segment_sum", make_segment_sum, _segment_args),
     KernelSpec("isect_count", make_isect_count, _count_args),
     KernelSpec("isect_fill", make_isect_fill, _fill_args),
@@ -240,12 +240,12 @@ KERNELS: tuple[KernelSpec, ...] = (
                float64_inside=True),
     KernelSpec("twodgs_projection_bwd", make_projection_2dgs_bwd, _proj_2dgs_bwd_args,
                float64_inside=True),
-    twodgs_raster_spec("forward", TILE, CHANNELS + 1),
-    twodgs_raster_spec("backward", TILE, CHANNELS + 1),
-    twodgs_raster_spec("backward_det", TILE, CHANNELS + 1),
-    KernelSpec("twodgs_indices_count", lambda ft: make_indices_2dgs(ft, TILE, False),
+    twodgs_raster_spec("forward", TILE_SIZE, CHANNELS + 1),
+    twodgs_raster_spec("backward", TILE_SIZE, CHANNELS + 1),
+    twodgs_raster_spec("backward_det", TILE_SIZE, CHANNELS + 1),
+    KernelSpec("twodgs_indices_count", lambda ft: make_indices_2dgs(ft, TILE_SIZE, False),
                _indices_2dgs_args, float64_inside=True),
-    KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE, True),
+    KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE_SIZE, True),
                _indices_2dgs_args, float64_inside=True),
 )
 

@@ -1,6 +1,6 @@
 """Fused projection kernels (``fully_fused_projection``): one thread per (batch, camera,
 Gaussian), forward and backward, from ``shared`` (the camera model is ``shared.cameras``'
-dispatch on its code, ``constants.CAMERA_CODES``).
+dispatch on its code, its index in ``backends/cameras.CAMERA_MODELS``).
 
 The backward adds the gradients of the world-space parameters with atomics (a Gaussian seen
 by several cameras), and writes the per-(camera, Gaussian) gradient of each viewmat to a
@@ -17,7 +17,8 @@ from functools import cache
 import torch
 from numba import cuda
 
-from ...constants import ALPHA_SKIP, CAMERA_CODES, RADIUS_SIGMAS
+from ...constants import ALPHA_SKIP, RADIUS_SIGMAS
+from ..cameras import camera_code
 from .device_math import device_math
 from .runtime import cdiv, empty, float_type, get_options, launch, launcher, optional
 
@@ -281,12 +282,6 @@ def _bwd_kernel(ft: type, det: bool = False):
     return cuda.jit(make_projection_bwd(ft, det))
 
 
-def _model(camera_model: str) -> int:
-    if camera_model not in CAMERA_CODES:
-        raise ValueError(f"camera_model must be one of {list(CAMERA_CODES)}, got {camera_model!r}")
-    return CAMERA_CODES[camera_model]
-
-
 @launcher
 def forward(
     means: torch.Tensor,  # [B, N, 3]
@@ -324,7 +319,7 @@ def forward(
         optional(scales, means, 3), covars is not None, optional(opacities, means, 2),
         opacities is not None, viewmats, Ks, width, height, float(eps2d),
         float(near_plane), float(far_plane), float(radius_clip), bool(calc_compensations),
-        _model(camera_model), radii, means2d, depths, conics, optional(comps, means, 3),
+        camera_code(camera_model), radii, means2d, depths, conics, optional(comps, means, 3),
     )  # fmt: skip
     return radii, means2d, depths, conics, comps
 
@@ -377,7 +372,7 @@ def backward(
             _bwd_kernel(float_type(means.dtype), det), cdiv(total, THREADS), THREADS, device,
             means, optional(covars, means, 3), optional(quats, means, 3),
             optional(scales, means, 3), covars is not None, viewmats, Ks,
-            width, height, float(eps2d), _model(camera_model), radii.contiguous(),
+            width, height, float(eps2d), camera_code(camera_model), radii.contiguous(),
             v_means2d.contiguous(), v_depths.contiguous(), v_conics.contiguous(),
             optional(v_compensations.contiguous() if calc_comp else None, means, 3),
             calc_comp, bool(need_v_viewmats), v_means, optional(v_covars, means, 3),

@@ -12,7 +12,8 @@ Modules, by domain (each lists its compiled functions in ``FUNCTIONS``):
 - ``compositing``: ``exp_neg``, ``gaussian_sigma``, the per-pair math of the rasterizers;
 - ``covariance``: quaternion and scales to 3D covariance / precision, world to camera;
 - ``conic``: camera covariance to the 2D covariance, the ``eps2d`` blur and the conic;
-- ``cameras``: the camera models and the dispatch on their codes (``project``);
+- ``cameras``: the dispatch on a camera model's code (``project``, ``project_vjp``), written
+  from the table of ``backends/cameras``, whose modules (one per model) are compiled too;
 - ``sh``: the real spherical-harmonics basis and its VJP.
 
 Rules that keep float32 kernels float32 (Numba types a Python float literal, and a module
@@ -39,7 +40,8 @@ from . import cameras, compositing, conic, covariance, sh, typed
 
 __all__ = ["MODULES", "build"]
 
-MODULES: tuple[types.ModuleType, ...] = (typed, compositing, covariance, conic, cameras, sh)
+MODULES: tuple[types.ModuleType, ...] = (typed, compositing, covariance, conic,
+                                         *cameras.CAMERA_MODULES, cameras, sh)
 
 
 def _namespace() -> dict[str, Any]:

@@ -1,41 +1,42 @@
-"""Real spherical harmonics of degree 0-4 (Sloan's form, as gsplat's reference): the basis at a
+"""Real spherical harmonics of degree 0-4 (Sloan's form, as gsplat's kernels): the basis at a
 unit direction, its VJP, and the VJP of the direction's normalisation.
 
-``_SH`` holds gsplat's constants as gsplat's kernels write them, the first being
-``constants.SH_C0`` (gsplat writes it to 16 digits, one float64 ulp below; the float32 is the
-same).
+``_SH`` holds the factors of the kernels' recurrences, gsplat's kernel order, each made from
+the one table of the SH constants (``constants.SH_C0`` .. ``SH_C4``): some are products of
+two of them. Every float32 value is the one gsplat's kernels write; in float64 a few differ
+from gsplat's 13-16 digits in the last place, the table's values being correctly rounded.
 """
 
 from __future__ import annotations
 
 import math
 
-from ...constants import SH_C0
+from ...constants import SH_C0, SH_C1, SH_C2, SH_C3, SH_C4
 from .typed import like
 
 FUNCTIONS = ("sh_basis", "sh_basis_vjp", "normalize3_vjp")
 
 _SH = (
     SH_C0,
-    0.48860251190292,
-    1.092548430592079,
-    0.5462742152960395,
-    0.9461746957575601,
-    0.3153915652525201,
-    2.285228997322329,
-    0.4570457994644658,
-    1.445305721320277,
-    0.5900435899266435,
-    1.865881662950577,
-    1.119528997770346,
-    4.683325804901025,
-    2.007139630671868,
-    3.31161143515146,
-    0.47308734787878,
-    1.770130769779931,
-    0.6258357354491763,
-    1.984313483298443,
-    1.006230589874905,
+    SH_C1,
+    SH_C2[0],
+    SH_C2[2],
+    3.0 * SH_C2[1],  # 3z² - 1 as _SH[4] z² - _SH[5]
+    SH_C2[1],
+    5.0 * SH_C3[2],  # 5z² - 1 as _SH[6] z² - _SH[7]
+    SH_C3[2],
+    SH_C3[1],
+    SH_C3[0],
+    5.0 * SH_C3[3],  # z (5z² - 3) as z (_SH[10] z² - _SH[11])
+    3.0 * SH_C3[3],
+    7.0 * SH_C4[3],  # z (7z² - 3) as z (_SH[12] z² - _SH[13])
+    3.0 * SH_C4[3],
+    7.0 * SH_C4[2],  # 7z² - 1 as _SH[14] z² - _SH[15]
+    SH_C4[2],
+    SH_C4[1],
+    SH_C4[0],
+    7.0 * SH_C4[4] / SH_C3[3],  # 35z⁴ - 30z² + 3 from the degree-3 and degree-2 polynomials
+    3.0 * SH_C4[4] / SH_C2[1],
 )
 
 

@@ -5,27 +5,22 @@ Numba types a Python float literal as float64 and promotes what it touches, so a
 kernel would silently compute in float64: every constant of the shared math goes through
 ``like(x, c)`` (``c`` cast to the type of ``x``, folded away), and every float-to-int
 conversion through ``as_int32`` (a 64-bit one keeps loops from vectorising). Each one is a
-plain Python function (the plain-Python meaning) with a Numba ``overload`` (the compiled
-one); the CUDA target replaces ``like`` and ``as_int32`` by intrinsics of its own
-(``cuda/device_math.py``).
+plain Python function (the plain-Python meaning, in ``backends/scalar_types.py``, which
+imports without Numba) with a Numba ``overload`` here (the compiled one); the CUDA target
+replaces ``like`` and ``as_int32`` by intrinsics of its own (``cuda/device_math.py``).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from llvmlite import ir
 from numba.core import types as nb_types
 from numba.extending import intrinsic, overload
 
+from ..scalar_types import as_int32, like, pow2_neg
+
 # The helpers below are called by the compiled functions; none is compiled by ``build``.
 FUNCTIONS: tuple[str, ...] = ()
-
-
-def like(x, c):
-    """``c`` converted to the type of ``x`` (in compiled code; plain Python returns ``c``)."""
-    return c
 
 
 @overload(like, inline="always")
@@ -38,24 +33,12 @@ def _like_overload(x, c):
     return impl
 
 
-def as_int32(x):
-    """``x`` truncated to a 32-bit integer (vectorises where a 64-bit conversion would not)."""
-    return int(x)
-
-
 @overload(as_int32, inline="always")
 def _as_int32_overload(x):
     def impl(x):  # pragma: no cover - compiled
         return np.int32(x)
 
     return impl
-
-
-
-def pow2_neg(x, n):
-    """2**-n as the float type of ``x``, for integer 0 <= n <= 126 (compiled: the exponent
-    field written directly, a subtraction and a shift; plain Python: ``ldexp``)."""
-    return math.ldexp(1.0, -int(n))
 
 
 @intrinsic

@@ -6,21 +6,21 @@
 
 from .photos import IMAGE_SUFFIXES, Photo, scan_photos, stage_photos
 from .pipeline import (
-    CAMERA_MODELS,
     INSTALL_HINT,
     MATCHERS,
     REPORT_FILE,
+    SFM_CAMERA_MODELS,
     PrepareReport,
     import_pycolmap,
     prepare,
 )
 
 __all__ = [
-    "CAMERA_MODELS",
     "IMAGE_SUFFIXES",
     "INSTALL_HINT",
     "MATCHERS",
     "REPORT_FILE",
+    "SFM_CAMERA_MODELS",
     "Photo",
     "PrepareReport",
     "import_pycolmap",

@@ -35,7 +35,8 @@ from ...io.atomic import atomic_write_bytes
 from .photos import Photo, one_camera, scan_photos, stage_photos
 
 MATCHERS = ("exhaustive", "sequential")
-CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "SIMPLE_PINHOLE", "PINHOLE")
+# the COLMAP models `tilesplat prepare --camera-model` may ask pycolmap to estimate
+SFM_CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "SIMPLE_PINHOLE", "PINHOLE")
 INSTALL_HINT = 'structure-from-motion needs pycolmap: pip install "tilesplat[sfm]"'
 REPORT_FILE = "prepare.json"
 MIN_MODEL = 3  # registered images below which a model is refused whatever min_registered says
@@ -107,8 +108,9 @@ def check_options(matcher: str, camera_model: str, max_size: int, min_registered
     """ValueError naming the first bad option."""
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {list(MATCHERS)}, got {matcher!r}")
-    if camera_model not in CAMERA_MODELS:
-        raise ValueError(f"camera model must be one of {list(CAMERA_MODELS)}, got {camera_model!r}")
+    if camera_model not in SFM_CAMERA_MODELS:
+        raise ValueError(f"camera model must be one of {list(SFM_CAMERA_MODELS)}, "
+                         f"got {camera_model!r}")
     if not isinstance(max_size, int) or (max_size != 0 and max_size < 64):
         raise ValueError(f"max size must be 0 (keep) or at least 64 px, got {max_size!r}")
     if not 0.0 < min_registered <= 1.0:
@@ -236,10 +238,44 @@ def _reconstruct(
         f"{len(photos)} images, {size_note}",
         lambda: stage_photos(photos, staged, max_size),
     )
-    original = {p.staged: p.name for p in photos}
     pycolmap.set_random_seed(seed)
     database = root / "database.db"
+    n_exif = _features(pycolmap, stages, photos, staged, database, camera_model, threads)
+    n_pairs = _matching(pycolmap, stages, len(photos), database, matcher, threads)
+    models = _mapping(pycolmap, stages, len(photos), database, staged, root / "models", threads,
+                      seed, n_pairs)  # fmt: skip
+    rec = max(models.values(), key=lambda r: r.num_reg_images())
+    registered = {rec.image(i).name for i in rec.reg_image_ids()}
+    report = PrepareReport(
+        n_images=len(photos),
+        n_registered=len(registered),
+        n_points=rec.num_points3D(),
+        mean_reprojection_error=float(rec.compute_mean_reprojection_error()),
+        left_out=sorted(p.name for p in photos if p.staged not in registered),
+        n_models=len(models),
+        n_exif_focal=n_exif,
+    )
+    if report.n_registered < MIN_MODEL:
+        return report
+    _undistortion(pycolmap, stages, rec, root, staged, threads)
+    cams = pycolmap.Reconstruction(root / "result" / "sparse" / "0").cameras
+    report.cameras = [
+        {
+            "model": c.model.name,
+            "width": c.width,
+            "height": c.height,
+            "params": [float(v) for v in c.params],
+        }
+        for c in cams.values()
+    ]
+    report.seconds, report.cpu_seconds = stages.seconds, stages.cpu_seconds
+    return report
 
+
+def _features(pycolmap: Any, stages: _Stages, photos: list[Photo], staged: Path, database: Path,
+              camera_model: str, threads: int) -> int:
+    """Stage 2: SIFT features of the staged photos into ``database``; returns how many
+    cameras have a focal length from EXIF. Blank photos end here."""
     single = one_camera(photos)
     mode = pycolmap.CameraMode.SINGLE if single else pycolmap.CameraMode.AUTO
 
@@ -267,6 +303,13 @@ def _reconstruct(
             f"the photos have almost no features (median {keypoints[len(keypoints) // 2]} "
             "SIFT keypoints per image): they look blank, blurred or too small; " + _TRY
         )
+    return n_exif
+
+
+def _matching(pycolmap: Any, stages: _Stages, n_photos: int, database: Path, matcher: str,
+              threads: int) -> int:
+    """Stage 3: match the features; returns the image pairs with at least
+    :data:`MIN_PAIR_INLIERS` verified matches (none ends here)."""
 
     def matching() -> int:
         options = pycolmap.FeatureMatchingOptions()
@@ -282,47 +325,47 @@ def _reconstruct(
         return sum(n >= MIN_PAIR_INLIERS for n in inliers)
 
     n_pairs = stages.run("matching", matcher, matching)
-    log(f"      {n_pairs} image pairs share at least {MIN_PAIR_INLIERS} verified matches")
+    stages.log(f"      {n_pairs} image pairs share at least {MIN_PAIR_INLIERS} verified matches")
     if n_pairs == 0:
         raise ValueError(
-            f"structure-from-motion failed: no two of the {len(photos)} images share enough "
+            f"structure-from-motion failed: no two of the {n_photos} images share enough "
             "matching features; " + _TRY
         )
+    return n_pairs
 
+
+def _mapping(pycolmap: Any, stages: _Stages, n_photos: int, database: Path, staged: Path,
+             models_dir: Path, threads: int, seed: int, n_pairs: int) -> dict[int, Any]:
+    """Stage 4: incremental mapping into ``models_dir``; returns its models by index (none
+    ends here), logging every tenth image tried."""
     counter = {"n": 0}
 
     def next_image() -> None:
         counter["n"] += 1
         if counter["n"] % 10 == 0:
-            log(f"      {counter['n'] + 2} images tried")
+            stages.log(f"      {counter['n'] + 2} images tried")
 
     def mapping() -> dict[int, Any]:
         options = pycolmap.IncrementalPipelineOptions()
         options.num_threads = threads
         options.random_seed = seed
         return pycolmap.incremental_mapping(
-            database, staged, root / "models", options=options, next_image_callback=next_image
+            database, staged, models_dir, options=options, next_image_callback=next_image
         )
 
     models = stages.run("mapping", "incremental", mapping)
     if not models:
         raise ValueError(
-            f"structure-from-motion failed: no pair of the {len(photos)} images could start a "
+            f"structure-from-motion failed: no pair of the {n_photos} images could start a "
             f"model ({n_pairs} matching pairs, none with enough matches and parallax); " + _TRY
         )
-    rec = max(models.values(), key=lambda r: r.num_reg_images())
-    registered = {rec.image(i).name for i in rec.reg_image_ids()}
-    report = PrepareReport(
-        n_images=len(photos),
-        n_registered=len(registered),
-        n_points=rec.num_points3D(),
-        mean_reprojection_error=float(rec.compute_mean_reprojection_error()),
-        left_out=sorted(original[s] for s in original if s not in registered),
-        n_models=len(models),
-        n_exif_focal=n_exif,
-    )
-    if report.n_registered < MIN_MODEL:
-        return report
+    return models
+
+
+def _undistortion(pycolmap: Any, stages: _Stages, rec: Any, root: Path, staged: Path,
+                  threads: int) -> None:
+    """Stage 5: the reconstruction ``rec`` written to ``root / "model"`` and undistorted to
+    PINHOLE into ``root / "result"`` (images/, sparse/0/), COLMAP's other outputs removed."""
     model_dir = root / "model"
     model_dir.mkdir()
     rec.write(model_dir)
@@ -342,15 +385,3 @@ def _reconstruct(
                 shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
 
     stages.run("undistortion", "to PINHOLE", undistortion)
-    cams = pycolmap.Reconstruction(root / "result" / "sparse" / "0").cameras
-    report.cameras = [
-        {
-            "model": c.model.name,
-            "width": c.width,
-            "height": c.height,
-            "params": [float(v) for v in c.params],
-        }
-        for c in cams.values()
-    ]
-    report.seconds, report.cpu_seconds = stages.seconds, stages.cpu_seconds
-    return report

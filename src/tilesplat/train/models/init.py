@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ...constants import SH_C0
 from ...keys import Key
+from ...sh_rgb import rgb_to_sh0
 from .. import seams
 
 if TYPE_CHECKING:
@@ -41,16 +41,6 @@ KEYS = (
         "neighbours; strategy = mcmc sets 0.1)", gt=0.0),
 )
 seams.register_keys("initial Gaussians (train/models/init.py)", KEYS)
-
-
-def rgb_to_sh0(rgb: Tensor) -> Tensor:
-    """Degree-0 SH coefficients [..., 3] that render as ``rgb`` [..., 3]."""
-    return (rgb - 0.5) / SH_C0
-
-
-def sh0_to_rgb(sh0: Tensor) -> Tensor:
-    """Inverse of :func:`rgb_to_sh0`."""
-    return sh0 * SH_C0 + 0.5
 
 
 @torch.no_grad()
@@ -165,17 +155,17 @@ def gaussians_from_file(path: str | Path, sh_degree: int) -> dict[str, Tensor]:
                              "--resume, or export it (tilesplat export CKPT --to ply) and "
                              "start from the PLY")  # fmt: skip
         g = read_gsplat_checkpoint(path)[0].gaussians
-    k = (sh_degree + 1) ** 2
-    sh = g["sh"][:, :k]
-    if sh.shape[1] < k:
-        sh = torch.cat([sh, torch.zeros(len(sh), k - sh.shape[1], 3)], dim=1)
+    rest = (sh_degree + 1) ** 2 - 1
+    sh_n = g["shN"][:, :rest]
+    if sh_n.shape[1] < rest:
+        sh_n = torch.cat([sh_n, torch.zeros(len(sh_n), rest - sh_n.shape[1], 3)], dim=1)
     return {
         "means": g["means"].clone(),
-        "scales": g["log_scales"].clone(),
+        "scales": g["scales"].clone(),
         "quats": g["quats"].clone(),
-        "opacities": g["opacity_logits"].clone(),
-        "sh0": sh[:, :1].clone(),
-        "shN": sh[:, 1:].clone(),
+        "opacities": g["opacities"].clone(),
+        "sh0": g["sh0"].clone(),
+        "shN": sh_n.clone(),
     }
 
 

@@ -100,13 +100,5 @@ def export_ply(params: dict[str, Tensor], path: str | Path, antialiased: bool = 
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         cpu = {k: v.detach().cpu() for k, v in params.items()}  # the file is written from there
-        save_ply(
-            path,
-            cpu["means"],
-            cpu["quats"],
-            cpu["scales"],
-            cpu["opacities"],
-            torch.cat([cpu["sh0"], cpu["shN"]], dim=1),
-            antialiased=antialiased,
-        )
+        save_ply(path, cpu, antialiased=antialiased)
     return path

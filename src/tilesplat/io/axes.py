@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..backends.torch.sh import sh_basis
+from ._checks import all_sh, split_sh
 
 _DIRECTION = {"R": (0, 1), "L": (0, -1), "U": (1, 1), "D": (1, -1), "F": (2, 1), "B": (2, -1)}
 PLY_FRAME = "RDF"
@@ -105,8 +106,9 @@ def _sh_matrix(m_key: tuple[float, ...], degree: int) -> np.ndarray:
 
 
 def change_frame(arrays: dict[str, np.ndarray], src: str, dst: str) -> dict[str, np.ndarray]:
-    """The Gaussians ``arrays`` (means [N, 3], quats [N, 4] (w, x, y, z), log_scales [N, 3],
-    opacity_logits [N], sh [N, K, 3]) given in frame ``src``, expressed in frame ``dst``."""
+    """The Gaussians ``arrays`` (``SPLAT_KEYS``: means [N, 3], scales [N, 3] log, quats [N, 4]
+    (w, x, y, z), opacities [N], sh0 [N, 1, 3], shN [N, K - 1, 3]) given in frame ``src``,
+    expressed in frame ``dst``."""
     m = frame_matrix(src, dst)
     if np.array_equal(m, np.eye(3)):
         return arrays
@@ -117,11 +119,10 @@ def change_frame(arrays: dict[str, np.ndarray], src: str, dst: str) -> dict[str,
     qm_conj = qm * np.array([1.0, -1.0, -1.0, -1.0])
     q = arrays["quats"].astype(np.float64)
     out["quats"] = _qmul(_qmul(qm, q), qm_conj).astype(np.float32)
-    out["log_scales"] = (arrays["log_scales"] @ np.abs(m).T).astype(np.float32)
-    k = arrays["sh"].shape[1]
+    out["scales"] = (arrays["scales"] @ np.abs(m).T).astype(np.float32)
+    k = arrays["shN"].shape[1] + 1
     if k > 1:
         a = _sh_matrix(tuple(m.ravel().tolist()), math.isqrt(k) - 1)
-        out["sh"] = np.einsum("jk,nkc->njc", a, arrays["sh"].astype(np.float64)).astype(
-            np.float32
-        )
+        sh = all_sh(arrays).astype(np.float64)  # band 0 is its own block (the identity)
+        out |= split_sh(np.einsum("jk,nkc->njc", a, sh).astype(np.float32))
     return out
