@@ -1,13 +1,13 @@
 """Replay of a training run: the trainer's own step on a run's checkpoint, arm by arm.
 
 ``--scene run:RUN_DIR`` names a run folder (its newest checkpoint) or one checkpoint file.
-The checkpoint is loaded with ``weights_only=True`` and checked (``train.rundir.checkpoint.open_checkpoint``);
-the run's config comes from the checkpoint and its dataset is loaded as ``tilesplat train``
-loads it.
+The checkpoint is loaded with ``weights_only=True`` and checked
+(``train.rundir.checkpoint.open_checkpoint``); the run's config comes from the checkpoint and
+its dataset is loaded as ``tilesplat train`` loads it.
 
 - Timing: each arm gets its own copy of the model (parameters and Adam states, on the arm's
   device, with the arm's backend and backward scheme in the config) and one iteration is
-  ``train.step.optimization_step``, the function ``tilesplat train`` runs: render the
+  ``train.step.optimization.optimization_step``, the function ``tilesplat train`` runs: render the
   parameters as stored (means, log-scales, quaternions, opacity logits, SH DC and rest) for
   the cameras of the next training step, the photometric loss against the real images (and
   the run's regularisers), backward, fused Adam. Densification is not replayed: a strategy
