@@ -26,7 +26,7 @@ from ..ops.validation import (
     check_tensor,
     internal_call,
 )
-from . import sharding
+from . import sharding, ut
 from ._pipeline import (
     PackedIds,
     add_depth_channel,
@@ -35,26 +35,6 @@ from ._pipeline import (
     gather_rows,
     tile_lists,
 )
-
-_UNSUPPORTED = {
-    "with_ut": False,
-    "with_eval3d": False,
-    "radial_coeffs": None,
-    "tangential_coeffs": None,
-    "thin_prism_coeffs": None,
-    "ftheta_coeffs": None,
-    "viewmats_rs": None,
-}
-
-
-def _check_unsupported(**given) -> None:
-    for name, value in given.items():
-        default = _UNSUPPORTED[name]
-        if value is not default and value != default:
-            raise NotImplementedError(
-                f"rasterization({name}=...) is not supported by tilesplat yet "
-                f"(leave it at {default!r})"
-            )
 
 
 def rasterization(
@@ -114,8 +94,12 @@ def rasterization(
         absgrad: put sum over pixels of |d loss / d means2d| on ``meta["means2d"].absgrad``.
         rasterize_mode: ``classic`` or ``antialiased`` (opacity × compensation).
         channel_chunk: rasterize at most this many channels at a time.
-        camera_model: ``pinhole``, ``ortho`` or ``fisheye``.
+        camera_model: ``pinhole``, ``ortho`` or ``fisheye``; ``ftheta`` with ``with_ut``.
         covars: covariances [..., N, 3, 3] instead of quats and scales.
+        with_ut, with_eval3d, radial_coeffs, tangential_coeffs, thin_prism_coeffs,
+            ftheta_coeffs, rolling_shutter, viewmats_rs: 3DGUT (``rendering/ut.py``): the
+            unscented-transform projection through the exact camera, the rasterizer that
+            evaluates Gaussians in 3D along the pixels' rays; both need ``packed=False``.
         backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
         backend: ``auto``, ``torch``, ``cpu`` or ``cuda`` (tilesplat extension).
         segmented: accepted for compatibility (no effect).
@@ -125,14 +109,6 @@ def rasterization(
         [..., C, H, W, 1], and meta (radii, means2d, depths, conics, opacities, tile grid,
         isect_ids, flatten_ids, isect_offsets, last_ids, ...).
     """
-    _check_unsupported(
-        with_ut=with_ut, with_eval3d=with_eval3d,
-        radial_coeffs=radial_coeffs, tangential_coeffs=tangential_coeffs,
-        thin_prism_coeffs=thin_prism_coeffs, ftheta_coeffs=ftheta_coeffs,
-        viewmats_rs=viewmats_rs,
-    )
-    if rolling_shutter is not None and getattr(rolling_shutter, "name", "GLOBAL") != "GLOBAL":
-        raise NotImplementedError("rasterization(rolling_shutter=...) is not supported yet")
     check_choice("render_mode", render_mode, RENDER_MODES)
     check_choice("rasterize_mode", rasterize_mode, RASTERIZE_MODES)
     tile_size = check_positive_int("tile_size", tile_size)
@@ -163,6 +139,11 @@ def rasterization(
         quats = scales = None
     elif quats is None or scales is None:
         raise ValueError("expected quats and scales, or covars; got neither")
+    ut_render = ut.check_arguments(
+        s, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
+        tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
+        covars, packed, sparse_grad, absgrad, distributed,
+    )
 
     if sh_degree is None:
         per_view = colors.dim() == nb + 3
@@ -197,12 +178,17 @@ def rasterization(
             viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, N)
             C = int(viewmats.shape[0])
 
-        proj = fully_fused_projection(
-            means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
-            near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-            calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
-            opacities=opacities, backend=backend,
-        )
+        if ut_render is not None and ut_render.with_ut:
+            proj = ut.project(ut_render, means, quats, scales, opacities, viewmats, Ks, width,
+                              height, eps2d, near_plane, far_plane, radius_clip,
+                              rasterize_mode == "antialiased", backend)
+        else:
+            proj = fully_fused_projection(
+                means, tri, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
+                near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip,
+                packed=packed, calc_compensations=rasterize_mode == "antialiased",
+                camera_model=camera_model, opacities=opacities, backend=backend,
+            )
         if packed:
             batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, conics, comps = proj
             opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
@@ -221,7 +207,7 @@ def rasterization(
 
         colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
                                  PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
-                                 backend)
+                                 backend, viewmats_rs=viewmats_rs)
 
         if distributed:
             if packed:
@@ -257,13 +243,18 @@ def rasterization(
         last_ids = None
         for start in range(0, n_channels, channel_chunk):
             stop = min(start + channel_chunk, n_channels)
-            out_c, out_a, ids = rasterize_to_pixels(
-                means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
-                isect_offsets, flatten_ids,
-                backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
-                packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
-                backend=backend,
-            )
+            chunk_bg = None if backgrounds is None else backgrounds[..., start:stop]
+            if ut_render is not None and ut_render.with_eval3d:
+                out_c, out_a, ids = ut.rasterize(
+                    ut_render, means, quats, scales, colors[..., start:stop], opac, viewmats,
+                    Ks, width, height, tile_size, isect_offsets, flatten_ids, chunk_bg, backend)
+            else:
+                out_c, out_a, ids = rasterize_to_pixels(
+                    means2d, conics, colors[..., start:stop], opac, width, height, tile_size,
+                    isect_offsets, flatten_ids, backgrounds=chunk_bg, packed=packed,
+                    absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
+                    backend=backend,
+                )
             chunks_c.append(out_c)
             chunks_a.append(out_a)
             last_ids = ids if last_ids is None else last_ids
