@@ -10,8 +10,9 @@
   time);
 - the lens models against each other (OpenCV with zero coefficients is the perfect pinhole,
   a linear f-theta is the equidistant fisheye) and their inverses;
-- gsplat's ``simple_trainer.py`` call through ``import tilesplat as gsplat``, the backends'
-  refusals and fallback, and every bad input's ValueError.
+- gsplat's ``simple_trainer.py`` call through ``import tilesplat as gsplat``, batch dims,
+  ``with_ut`` and ``with_eval3d`` each alone, the backends' refusals and fallback, and every
+  bad input's ValueError.
 """
 
 from __future__ import annotations
@@ -768,3 +769,52 @@ def test_covars_and_a_one_row_rolling_shutter_are_refused():
             means, quats, scales, torch.ones(7, 3, dtype=DT), torch.ones(7, dtype=DT), view, K,
             W, H, TILE, torch.zeros(1, TH, TW, dtype=torch.int32),
             torch.zeros(0, dtype=torch.int32))
+
+
+def test_batch_dims_render_each_batch_as_alone():
+    """[2] batches of 2 cameras each: the flattened pair ids map to each batch's Gaussians."""
+    view, K, view_rs = _views(2)
+    radial = _camera("fisheye_distorted", 2)["radial_coeffs"]
+    scenes = [_gaussians(6, seed=13 + b) for b in range(2)]
+    colors = torch.rand(2, 6, 3, dtype=DT, generator=torch.Generator().manual_seed(3))
+    kw = dict(packed=False, with_ut=True, with_eval3d=True, camera_model="fisheye",
+              rolling_shutter=RollingShutterType.ROLLING_BOTTOM_TO_TOP)
+    batched = [torch.stack(x) for x in zip(*scenes, strict=True)]
+    img, alpha, _ = gsplat.rasterization(
+        *batched, colors, view.expand(2, 2, 4, 4), K.expand(2, 2, 3, 3), W, H,
+        viewmats_rs=view_rs.expand(2, 2, 4, 4), radial_coeffs=radial.expand(2, 2, 4), **kw)
+    assert img.shape == (2, 2, H, W, 3)
+    assert float(alpha.max()) > 0.5
+    for b in range(2):
+        alone, _, _ = gsplat.rasterization(*scenes[b], colors[b], view, K, W, H,
+                                           viewmats_rs=view_rs, radial_coeffs=radial, **kw)
+        assert_close(f"batch {b}", img[b], alone, 1e-12, 0)
+
+
+def test_each_half_of_3dgut_alone():
+    """with_ut alone: the UT projection feeds the 2D rasterizer (no gradient to the geometry,
+    as gsplat's); with_eval3d alone: the EWA projection's tile lists feed eval3d."""
+    means, quats, scales, opacities = _gaussians(6, seed=20)
+    view, K, _ = _views()
+    colors = torch.rand(6, 3, dtype=DT, generator=torch.Generator().manual_seed(4))
+    leaves = [x.clone().requires_grad_(True) for x in (means, colors, opacities)]
+    img, _, meta = gsplat.rasterization(leaves[0], quats, scales, leaves[2], leaves[1], view, K,
+                                        W, H, packed=False, with_ut=True)
+    ut = gsplat.fully_fused_projection_with_ut(means, quats, scales, opacities, view, K, W, H)
+    assert torch.equal(meta["means2d"], ut[1]) and not meta["means2d"].requires_grad
+    expect, _ = gsplat.rasterize_to_pixels(ut[1], ut[3], colors.expand(1, 6, 3),
+                                           opacities.expand(1, 6), W, H, 16,
+                                           meta["isect_offsets"], meta["flatten_ids"])
+    assert_close("with_ut", img, expect, 1e-12, 0)
+    img.sum().backward()
+    assert leaves[0].grad is None and float(leaves[1].grad.abs().sum()) > 0
+    img3, alpha3, meta3 = gsplat.rasterization(means, quats, scales, opacities, colors, view, K,
+                                               W, H, packed=False, with_eval3d=True)
+    ewa = gsplat.fully_fused_projection(means, None, quats, scales, view, K, W, H,
+                                        opacities=opacities)
+    assert torch.equal(meta3["radii"], ewa[0])
+    expect3, _ = gsplat.rasterize_to_pixels_eval3d(
+        means, quats, scales, colors.expand(1, 6, 3), opacities.expand(1, 6), view, K, W, H, 16,
+        meta3["isect_offsets"], meta3["flatten_ids"])
+    assert_close("with_eval3d", img3, expect3, 1e-12, 0)
+    assert float(alpha3.max()) > 0.5
