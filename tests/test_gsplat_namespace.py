@@ -21,11 +21,7 @@ DEFAULT_EXCEPTIONS = {
     ("MCMCStrategy.step_post_backward", "lr"): (inspect.Parameter.empty, None),
 }
 
-NOT_IMPLEMENTED = {
-    "rasterization_2dgs_inria_wrapper",
-    "rasterization_inria_wrapper", "fully_fused_projection_with_ut",
-    "rasterize_to_pixels_eval3d",
-}  # fmt: skip
+NOT_IMPLEMENTED = {"rasterization_2dgs_inria_wrapper", "rasterization_inria_wrapper"}
 
 
 def _public(module) -> dict[str, object]:
@@ -163,20 +159,22 @@ def test_missing_features_raise_when_called(name):
 def test_stubbed_submodules_raise_naming_what_is_missing(tmp_path):
     with pytest.raises(NotImplementedError, match="plas"):
         tilesplat.PngCompression().compress(str(tmp_path), {})
-    with pytest.raises(NotImplementedError, match="ftheta"):
+    with pytest.raises(ValueError, match="ftheta.*fully_fused_projection_with_ut"):
         tilesplat.proj(None, None, None, 4, 4, camera_model="ftheta")
 
 
-def test_rasterization_rejects_3dgut_and_rolling_shutter_clearly():
+def test_rasterization_refuses_3dgut_arguments_as_gsplat_does():
+    """gsplat's asserts, as ValueErrors naming the argument (tests/test_ut_reference.py has
+    the rest)."""
     import torch
 
     args = (torch.zeros(1, 3), torch.ones(1, 4), torch.zeros(1, 3), torch.ones(1),
             torch.ones(1, 3), torch.eye(4)[None], torch.eye(3)[None], 8, 8)
-    with pytest.raises(NotImplementedError, match="with_ut"):
+    with pytest.raises(ValueError, match="packed=False"):
         tilesplat.rasterization(*args, with_ut=True)
-    with pytest.raises(NotImplementedError, match="rolling_shutter"):
+    with pytest.raises(ValueError, match="rolling_shutter.*needs with_ut=True"):
         tilesplat.rasterization(
             *args, rolling_shutter=tilesplat.RollingShutterType.ROLLING_TOP_TO_BOTTOM
         )
-    with pytest.raises(ValueError, match="camera_model"):
+    with pytest.raises(ValueError, match="camera_model='ftheta'.*needs with_ut=True"):
         tilesplat.rasterization(*args, camera_model="ftheta")

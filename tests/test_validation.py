@@ -157,7 +157,7 @@ def test_rasterization_errors():
                                 sh_degree=1)
     with pytest.raises(ValueError, match=r"expected opacities \[\.\.\., N\] \(with"):
         tilesplat.rasterization(means, quats, scales, opac[:3], colors, view, K, 10, 10)
-    with pytest.raises(NotImplementedError, match="with_ut"):
+    with pytest.raises(ValueError, match=r"with_ut=True\) needs packed=False"):
         tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
                                 with_ut=True)
     with pytest.raises(ValueError, match="backward_scheme"):

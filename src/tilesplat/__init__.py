@@ -4,7 +4,7 @@
 ``strategy``, ``optimizers``, ``compression``, ``exporter`` and ``distributed``, with gsplat's
 signatures. A name either works (every backend; the torch reference serves ops that have no
 native kernel, with the registry's one warning) or raises ``NotImplementedError`` when called,
-saying what is missing (2DGS, 3DGUT, the Inria wrappers, PNG compression, the collectives).
+saying what is missing (the Inria wrappers, PNG compression).
 Importing compiles nothing: backends load on first use.
 """
 
@@ -42,7 +42,7 @@ from .ops.indices import (
     rasterize_to_indices_in_range_2dgs,
 )
 from .ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
-from .ops.unsupported import fully_fused_projection_with_ut, rasterize_to_pixels_eval3d
+from .ops.ut import fully_fused_projection_with_ut, rasterize_to_pixels_eval3d
 from .optimizers import SelectiveAdam
 from .rendering import (
     rasterization,

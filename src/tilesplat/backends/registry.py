@@ -9,10 +9,10 @@ Where an op lives (the same names in every backend):
   the ``torch.autograd.Function``; it asks :func:`resolve` for ``(op, backend)``.
 - ``backends/<backend>/<module>.py``, with the *same module name* as in ``ops/``
   (``covariance``, ``projection``, ``sh``, ``intersect``, ``rasterize``, ``camera``,
-  ``indices``, ``twodgs``, ``ssim``), holds the launchers: plain functions that allocate the
-  outputs and launch the kernels. A backend may keep the kernels themselves in modules named
-  ``<module>_<part>.py`` beside it (``projection_fwd``, ``rasterize_bwd``, ...), which only
-  the launcher module and their siblings import.
+  ``indices``, ``twodgs``, ``ssim``, ``ut``), holds the launchers: plain functions that
+  allocate the outputs and launch the kernels. A backend may keep the kernels themselves in
+  modules named ``<module>_<part>.py`` beside it (``projection_fwd``, ``rasterize_bwd``, ...),
+  which only the launcher module and their siblings import.
 - A differentiable op registers ``DiffOp(<module>.forward, <module>.backward)``; a plain op
   (and an op whose implementation differentiates itself, as the 2DGS ones do) registers
   ``<module>.<op name>``. Each is one line in ``backends/<backend>/__init__.py``.

@@ -1,5 +1,6 @@
-"""Public camera ops and types of gsplat 1.5.3: ``world_to_cam``, ``proj``,
-``RollingShutterType`` and the parameter types of the camera models tilesplat lacks."""
+"""Public camera ops and types of gsplat 1.5.3: ``world_to_cam``, ``proj``, and the types of
+3DGUT's cameras (``RollingShutterType``, ``UnscentedTransformParameters``,
+``FThetaCameraDistortionParameters``), which ``ops/ut.py`` takes."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _no_cpp(what: str) -> Any:
 
 
 class RollingShutterType(Enum):
-    """Shutter of a camera (gsplat's names and values); tilesplat renders ``GLOBAL`` only."""
+    """Shutter of a camera (gsplat's names and values): a rolling shutter exposes the image row
+    by row (or column by column) from the pose ``viewmats`` to ``viewmats_rs`` (3DGUT)."""
 
     ROLLING_TOP_TO_BOTTOM = 0
     ROLLING_LEFT_TO_RIGHT = 1
@@ -40,7 +42,10 @@ class RollingShutterType(Enum):
 
 @dataclass
 class UnscentedTransformParameters:
-    """Sigma-point parameters of gsplat's 3DGUT projection (accepted, not used: no 3DGUT)."""
+    """Sigma-point parameters of gsplat's 3DGUT projection (``fully_fused_projection_with_ut``):
+    spread ``alpha``, ``beta``, ``kappa``; a sigma point is valid within
+    ``in_image_margin_factor`` × the image size of the image; all of them must be valid, or
+    one suffices (``require_all_sigma_points_valid``)."""
 
     alpha: float = 0.1
     beta: float = 2.0
@@ -59,7 +64,10 @@ class FThetaPolynomialType(Enum):
 
 @dataclass
 class FThetaCameraDistortionParameters:
-    """F-theta camera parameters of gsplat (the type exists; the camera model does not)."""
+    """F-theta camera parameters of gsplat (``camera_model="ftheta"``, 3DGUT only): the pixel
+    distance as a polynomial of the angle to the optical axis and back (increasing powers;
+    ``reference_poly`` says which one is exact, the other starts Newton's inverse of it), the
+    angle clamp ``max_angle`` and the linear term [[c, d], [e, 1]] of ``linear_cde``."""
 
     reference_poly: FThetaPolynomialType
     pixeldist_to_angle_poly: tuple[float, float, float, float, float, float]
@@ -120,14 +128,16 @@ def proj(
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels (the pinhole Jacobian clamps to the widened view).
         camera_model: one of ``backends.cameras.CAMERA_MODELS`` (``pinhole``, ``ortho``,
-            ``fisheye``; ``ftheta`` needs 3DGUT: missing).
+            ``fisheye``; ``ftheta`` projects only by the unscented transform:
+            ``fully_fused_projection_with_ut``).
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the torch reference serves all).
 
     Returns:
         means2d [..., C, N, 2] and covars2d [..., C, N, 2, 2] = J Σ Jᵀ.
     """
     if camera_model == "ftheta":
-        raise NotImplementedError("proj(camera_model='ftheta') needs 3DGUT, which tilesplat lacks")
+        raise ValueError("proj(camera_model='ftheta'): the f-theta camera projects only by the "
+                         "unscented transform (fully_fused_projection_with_ut), as in gsplat")
     check_choice("camera_model", camera_model, CAMERA_MODELS)
     width = check_positive_int("width", width)
     height = check_positive_int("height", height)

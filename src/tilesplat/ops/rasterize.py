@@ -16,8 +16,8 @@ from .validation import (
     check_finite,
     check_positive_int,
     check_tensor,
+    check_tile_lists,
     common_float,
-    values_trusted,
 )
 
 
@@ -138,28 +138,12 @@ def rasterize_to_pixels(
              "flatten_ids": flatten_ids, "masks": masks}
     _, device = common_float(named)
     check_finite(named)
-    D, TH, TW, n = s["D"], s["TH"], s["TW"], s["n"]
+    D, TH, TW = s["D"], s["TH"], s["TW"]
     image_dims = s["..."]
     I = math.prod(image_dims)
     G = means2d.shape[0] if packed else I * s["N"]
-    if TH * tile_size < height or TW * tile_size < width:
-        raise ValueError(
-            f"isect_offsets grid {TH}×{TW} tiles of {tile_size} px does not cover the "
-            f"{height}×{width} image; expected at least "
-            f"{math.ceil(height / tile_size)}×{math.ceil(width / tile_size)} tiles"
-        )
-    trusted = values_trusted()  # rasterization()'s own offsets and ids: not read again
-    if isect_offsets.numel() and not trusted:
-        flat = isect_offsets.reshape(-1)
-        if int(flat.min()) < 0 or int(flat.max()) > n:
-            raise ValueError(f"expected isect_offsets in [0, {n}] (n = len(flatten_ids))")
-        if bool((flat[1:] < flat[:-1]).any()):
-            raise ValueError("expected isect_offsets non-decreasing (isect_offset_encode output)")
-    if n and not trusted and (int(flatten_ids.min()) < 0 or int(flatten_ids.max()) >= G):
-        raise ValueError(
-            f"expected flatten_ids in [0, {G}) ({'nnz' if packed else 'I*N'} Gaussians), "
-            f"got values in [{int(flatten_ids.min())}, {int(flatten_ids.max())}]"
-        )
+    check_tile_lists(isect_offsets, flatten_ids, G, "nnz" if packed else "I*N", width, height,
+                     tile_size)
 
     _, impl = resolve("rasterize_to_pixels", device, backend)
     render_colors, render_alphas, last_ids = _RasterizeToPixels.apply(

@@ -250,5 +250,41 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
+def check_tile_lists(
+    isect_offsets: Tensor,  # [..., TH, TW]
+    flatten_ids: Tensor,  # [n]
+    n_gaussians: int,
+    gaussians: str,
+    width: int,
+    height: int,
+    tile_size: int,
+) -> None:
+    """A rasterizer's tile lists: the grid covers the image, and (unless inside
+    :func:`internal_call`, whose offsets and ids ``rasterization`` made itself) the offsets
+    are non-decreasing within [0, n] and ``flatten_ids`` index the ``n_gaussians``
+    Gaussians (named ``gaussians`` in the message)."""
+    TH, TW = isect_offsets.shape[-2:]
+    n = flatten_ids.shape[0]
+    if TH * tile_size < height or TW * tile_size < width:
+        raise ValueError(
+            f"isect_offsets grid {TH}×{TW} tiles of {tile_size} px does not cover the "
+            f"{height}×{width} image; expected at least "
+            f"{math.ceil(height / tile_size)}×{math.ceil(width / tile_size)} tiles"
+        )
+    if values_trusted():
+        return
+    if isect_offsets.numel():
+        flat = isect_offsets.reshape(-1)
+        if int(flat.min()) < 0 or int(flat.max()) > n:
+            raise ValueError(f"expected isect_offsets in [0, {n}] (n = len(flatten_ids))")
+        if bool((flat[1:] < flat[:-1]).any()):
+            raise ValueError("expected isect_offsets non-decreasing (isect_offset_encode output)")
+    if n and (int(flatten_ids.min()) < 0 or int(flatten_ids.max()) >= n_gaussians):
+        raise ValueError(
+            f"expected flatten_ids in [0, {n_gaussians}) ({gaussians} Gaussians), "
+            f"got values in [{int(flatten_ids.min())}, {int(flatten_ids.max())}]"
+        )
+
+
 def as_int32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)

@@ -56,12 +56,14 @@ def colors_per_pair(
     C: int,
     N: int,
     backend: str | None,
+    viewmats_rs: Tensor | None = None,  # [..., C, 4, 4]
 ) -> Tensor:
     """The colour each (camera, Gaussian) pair composites: [..., C, N, D] ([nnz, D] packed).
 
     Plain colours are gathered (or broadcast over the cameras); SH coefficients are evaluated
     in the direction from each camera centre (masked to the visible pairs), + 0.5, clamped at
-    0, as gsplat.
+    0, as gsplat. A rolling shutter's camera (``viewmats_rs`` at the end of the exposure) looks
+    from the middle of its two centres, as gsplat's.
     """
     batch_dims = means.shape[:-2]
     b_ids, c_ids, g_ids = ids.batch_ids, ids.camera_ids, ids.gaussian_ids
@@ -78,6 +80,8 @@ def colors_per_pair(
             return torch.broadcast_to(colors[..., None, :, :], (*batch_dims, C, N, D))
         return colors
     campos = camera_centres(viewmats)  # [..., C, 3]
+    if viewmats_rs is not None:
+        campos = 0.5 * (campos + camera_centres(viewmats_rs))
     K = colors.shape[-2]
     if packed:
         dirs = (gather_rows(means.reshape(B * N, 3), gauss_rows)

@@ -7,7 +7,9 @@ the intermediate results in ``meta``; the steps it shares with ``rasterization_2
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +29,7 @@ from ..ops.validation import (
     check_tensor,
     internal_call,
 )
-from . import sharding
+from . import sharding, ut
 from ._pipeline import (
     PackedIds,
     TileLists,
@@ -37,26 +39,6 @@ from ._pipeline import (
     gather_rows,
     tile_lists,
 )
-
-_UNSUPPORTED = {
-    "with_ut": False,
-    "with_eval3d": False,
-    "radial_coeffs": None,
-    "tangential_coeffs": None,
-    "thin_prism_coeffs": None,
-    "ftheta_coeffs": None,
-    "viewmats_rs": None,
-}
-
-
-def _check_unsupported(**given) -> None:
-    for name, value in given.items():
-        default = _UNSUPPORTED[name]
-        if value is not default and value != default:
-            raise NotImplementedError(
-                f"rasterization({name}=...) is not supported by tilesplat yet "
-                f"(leave it at {default!r})"
-            )
 
 
 def rasterization(
@@ -116,8 +98,11 @@ def rasterization(
         absgrad: put sum over pixels of |d loss / d means2d| on ``meta["means2d"].absgrad``.
         rasterize_mode: ``classic`` or ``antialiased`` (opacity × compensation).
         channel_chunk: rasterize at most this many channels at a time.
-        camera_model: ``pinhole``, ``ortho`` or ``fisheye``.
+        camera_model: ``pinhole``, ``ortho`` or ``fisheye``; ``ftheta`` with ``with_ut``.
         covars: covariances [..., N, 3, 3] instead of quats and scales.
+        with_ut, with_eval3d, radial_coeffs, ..., viewmats_rs: 3DGUT (``rendering/ut.py``): the
+            unscented-transform projection through the exact camera, the rasterizer that
+            evaluates Gaussians in 3D along the pixels' rays; both need ``packed=False``.
         backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
         backend: ``auto``, ``torch``, ``cpu`` or ``cuda`` (tilesplat extension).
         segmented: accepted for compatibility (no effect).
@@ -127,36 +112,29 @@ def rasterization(
         [..., C, H, W, 1], and meta (radii, means2d, depths, conics, opacities, tile grid,
         isect_ids, flatten_ids, isect_offsets, last_ids, ...).
     """
-    _check_unsupported(
-        with_ut=with_ut, with_eval3d=with_eval3d,
-        radial_coeffs=radial_coeffs, tangential_coeffs=tangential_coeffs,
-        thin_prism_coeffs=thin_prism_coeffs, ftheta_coeffs=ftheta_coeffs,
-        viewmats_rs=viewmats_rs,
-    )
-    if rolling_shutter is not None and getattr(rolling_shutter, "name", "GLOBAL") != "GLOBAL":
-        raise NotImplementedError("rasterization(rolling_shutter=...) is not supported yet")
     tile_size, channel_chunk, width, height = _checked_options(
         render_mode, rasterize_mode, tile_size, channel_chunk, width, height, packed, absgrad,
         distributed)  # fmt: skip
     scheme = current_backward_scheme(backward_scheme)
     g = _checked_inputs(means, quats, scales, opacities, colors, viewmats, Ks, covars,
                         backgrounds, sh_degree)
+    ut_render = ut.check_arguments(
+        g.shapes, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
+        tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
+        covars, packed, sparse_grad, absgrad, distributed)
     B, N, C = g.B, g.N, g.C
     with internal_call():
         if distributed:  # this rank's Gaussians into every rank's cameras
             mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
-        proj = fully_fused_projection(
-            means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
-            near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-            calc_compensations=rasterize_mode == "antialiased", camera_model=camera_model,
-            opacities=opacities, backend=backend,
-        )
+        proj = _project(g, ut_render, means, opacities, viewmats, Ks, width, height, eps2d,
+                        near_plane, far_plane, radius_clip, rasterize_mode == "antialiased",
+                        camera_model, packed, backend)
         pairs = _Pairs.of(proj, packed, opacities, g.batch_dims, B, C, N)
         meta = pairs.meta()
         colors = colors_per_pair(colors, g.sh_degree, g.per_view, means, viewmats, pairs.radii,
                                  PackedIds(pairs.batch_ids, pairs.camera_ids, pairs.gaussian_ids),
-                                 packed, B, C, N, backend)
+                                 packed, B, C, N, backend, viewmats_rs=viewmats_rs)
         if distributed:  # rasterize this rank's own cameras
             colors = mp.exchange(pairs, colors, packed)
             C = mp.n_cameras[mp.rank]
@@ -174,9 +152,13 @@ def rasterization(
             "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
             "n_cameras": C, "backward_scheme": scheme,
         })
+        eval3d = None if ut_render is None or not ut_render.with_eval3d else functools.partial(
+            ut.rasterize, ut_render, means, g.quats, g.scales, opacities=pairs.opacities,
+            viewmats=viewmats, Ks=Ks, width=width, height=height, tile_size=tile_size,
+            isect_offsets=tiles.isect_offsets, flatten_ids=tiles.flatten_ids, backend=backend)
         render_colors, render_alphas, meta["last_ids"] = _rasterize_in_chunks(
             pairs, colors, backgrounds, tiles, width, height, tile_size, channel_chunk, packed,
-            absgrad, scheme, backend,
+            absgrad, scheme, backend, eval3d,
         )
         return expected_depth(render_mode, render_colors, render_alphas), render_alphas, meta
 
@@ -202,7 +184,8 @@ def _checked_options(render_mode: str, rasterize_mode: str, tile_size: int, chan
 class _Inputs:
     """What ``rasterization`` was given, its shapes checked: the batch dims ``...`` (B their
     product), C cameras, N Gaussians; the covariances' upper triangles [..., N, 6] (None when
-    quats and scales are given, which are then None); whether colours are per camera."""
+    quats and scales are given, which are then None); whether colours are per camera; the
+    bound shapes (3DGUT's checks read them)."""
 
     batch_dims: tuple[int, ...]
     B: int
@@ -213,6 +196,25 @@ class _Inputs:
     scales: Tensor | None
     sh_degree: int | None
     per_view: bool
+    shapes: Shapes
+
+
+def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities: Tensor,
+             viewmats: Tensor, Ks: Tensor, width: int, height: int, eps2d: float,
+             near_plane: float, far_plane: float, radius_clip: float, antialiased: bool,
+             camera_model: str, packed: bool, backend: str | None) -> tuple:
+    """The projection of the render: 3DGUT's unscented transform with ``with_ut``, else
+    ``fully_fused_projection`` (its outputs either way)."""
+    if ut_render is not None and ut_render.with_ut:
+        return ut.project(ut_render, means, g.quats, g.scales, opacities, viewmats, Ks, width,
+                          height, eps2d, near_plane, far_plane, radius_clip, antialiased,
+                          backend)
+    return fully_fused_projection(
+        means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
+        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
+        calc_compensations=antialiased, camera_model=camera_model, opacities=opacities,
+        backend=backend,
+    )
 
 
 def _checked_inputs(
@@ -265,7 +267,7 @@ def _checked_inputs(
              "backgrounds": backgrounds}
     check_finite({k: v for k, v in given.items() if isinstance(v, Tensor)})
     return _Inputs(batch_dims, math.prod(batch_dims), s["N"], s["C"], tri, quats, scales,
-                   sh_degree, per_view)
+                   sh_degree, per_view, s)
 
 
 @dataclass
@@ -374,21 +376,26 @@ def _rasterize_in_chunks(
     absgrad: bool,
     scheme: str,
     backend: str | None,
+    eval3d: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(render_colors [..., C, H, W, D], render_alphas [..., C, H, W, 1], last_ids) of
-    ``rasterize_to_pixels`` over at most ``channel_chunk`` channels at a time."""
+    ``rasterize_to_pixels`` (or ``eval3d(colors=, backgrounds=)``, 3DGUT's rasterizer) over at
+    most ``channel_chunk`` channels at a time."""
     n_channels = colors.shape[-1]
     chunks_c, chunks_a = [], []
     last_ids = None
     for start in range(0, n_channels, channel_chunk):
         stop = min(start + channel_chunk, n_channels)
-        out_c, out_a, ids = rasterize_to_pixels(
-            pairs.means2d, pairs.conics, colors[..., start:stop], pairs.opacities, width,
-            height, tile_size, tiles.isect_offsets, tiles.flatten_ids,
-            backgrounds=None if backgrounds is None else backgrounds[..., start:stop],
-            packed=packed, absgrad=absgrad, backward_scheme=scheme, return_last_ids=True,
-            backend=backend,
-        )
+        chunk_bg = None if backgrounds is None else backgrounds[..., start:stop]
+        if eval3d is not None:
+            out_c, out_a, ids = eval3d(colors=colors[..., start:stop], backgrounds=chunk_bg)
+        else:
+            out_c, out_a, ids = rasterize_to_pixels(
+                pairs.means2d, pairs.conics, colors[..., start:stop], pairs.opacities, width,
+                height, tile_size, tiles.isect_offsets, tiles.flatten_ids,
+                backgrounds=chunk_bg, packed=packed, absgrad=absgrad, backward_scheme=scheme,
+                return_last_ids=True, backend=backend,
+            )
         chunks_c.append(out_c)
         chunks_a.append(out_a)
         last_ids = ids if last_ids is None else last_ids

@@ -2,7 +2,18 @@
 float32 and float64, any device. It defines what every other backend computes."""
 
 from ..registry import DiffOp, register
-from . import camera, covariance, indices, intersect, projection, rasterize, sh, ssim, twodgs
+from . import (
+    camera,
+    covariance,
+    indices,
+    intersect,
+    projection,
+    rasterize,
+    sh,
+    ssim,
+    twodgs,
+    ut,
+)
 
 # One line an op (the scheme: ``backends/registry.py``).
 register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covariance.backward))
@@ -20,3 +31,5 @@ register("rasterize_to_pixels_2dgs", "torch", twodgs.rasterize_to_pixels_2dgs)
 register("rasterize_to_indices_in_range_2dgs", "torch", indices.rasterize_to_indices_in_range_2dgs)
 register("accumulate_2dgs", "torch", indices.accumulate_2dgs)
 register("ssim", "torch", DiffOp(ssim.forward, ssim.backward))
+register("fully_fused_projection_with_ut", "torch", ut.project_with_ut)
+register("rasterize_to_pixels_eval3d", "torch", DiffOp(ut.forward, ut.backward))

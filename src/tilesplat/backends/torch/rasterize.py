@@ -87,6 +87,17 @@ def _composite_bucket(mean, conic, color, opac, in_list, pixels):
     ok = in_list[:, None, :] & (sigma >= 0)
     sigma = torch.where(ok, sigma, torch.zeros_like(sigma))
     alpha = torch.clamp_max(opac[:, None, :] * torch.exp(-sigma), ALPHA_CLAMP)
+    accum, trans, contrib = _blend(alpha, ok, color)
+    return accum, trans, contrib, delta
+
+
+def _blend(alpha, ok, color):
+    """Front to back over each pixel's list: alpha [t,P,K] (clamped at ALPHA_CLAMP), ok [t,P,K]
+    (the pairs that may contribute), color [t,K,D]. Pairs below ALPHA_SKIP are skipped, and a
+    pixel stops before the pair that would take its T to TRANSMITTANCE_STOP or below.
+
+    Returns accumulated colour [t,P,D], transmittance [t,P] and contributing mask [t,P,K].
+    """
     active = ok & (alpha >= ALPHA_SKIP)
     alpha = torch.where(active, alpha, torch.zeros_like(alpha))
     one_minus = 1.0 - alpha
@@ -96,7 +107,7 @@ def _composite_bucket(mean, conic, color, opac, in_list, pixels):
     weight = torch.where(contrib, alpha * t_excl, torch.zeros_like(alpha))
     accum = torch.einsum("tpk,tkd->tpd", weight, color)
     trans = torch.prod(torch.where(contrib, one_minus, torch.ones_like(alpha)), -1)
-    return accum, trans, contrib, delta
+    return accum, trans, contrib
 
 
 def composite(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
