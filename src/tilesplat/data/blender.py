@@ -10,7 +10,6 @@ loaded: train and test are what 3DGS uses. With ``masks_dir``, the mask of ``tra
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from ..io.images import image_size, read_image, resize_image
+from ..io.json_file import read_json
 from .frames import (
     Frame,
     SceneDataset,
@@ -44,12 +44,7 @@ def read_transforms(path: Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError / ValueError naming the file.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"Blender transforms file not found: {path}")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    meta = read_json(path, "Blender transforms file")  # size and nesting bounded
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object at the top level")
     frames = meta.get("frames")
@@ -75,7 +70,7 @@ def read_transforms(path: Path) -> dict[str, Any]:
 
 
 def blender_c2w_to_viewmat(c2w: np.ndarray) -> np.ndarray:
-    """[4, 4] camera-to-world in OpenGL axes -> [4, 4] world-to-camera in OpenCV axes."""
+    """[..., 4, 4] camera-to-world in OpenGL axes -> [..., 4, 4] world-to-camera in OpenCV axes."""
     return np.linalg.inv(c2w @ GL_TO_CV)
 
 

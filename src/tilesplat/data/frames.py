@@ -157,12 +157,13 @@ def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str,
                 found[name] = cand
                 break
     used = {p.resolve() for p in found.values()}
+    stems: dict[Path, set[str]] = {}  # folder -> what its files' names start with before a dot
     for path in sorted(masks_dir.rglob("*")):
         if not path.is_file() or path.name.startswith(".") or path.resolve() in used:
             continue
         base = path.relative_to(masks_dir).as_posix().removesuffix(MASK_SUFFIX)
         image = images_dir / base
-        if image.is_file() or any(p.is_file() for p in image.parent.glob(image.name + ".*")):
+        if image.is_file() or image.name in _stems(image.parent, stems):
             continue  # the mask of an image the model did not register
         near = difflib.get_close_matches(base, names, n=1)
         hint = f" (image {images_dir / near[0]} would take mask " \
@@ -173,6 +174,15 @@ def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str,
             f"{MASK_SUFFIX}{hint}"
         )
     return found
+
+
+def _stems(folder: Path, cache: dict[Path, set[str]]) -> set[str]:
+    """Every ``s`` for which ``folder`` holds a file ``s.*`` (``a`` and ``a.b`` for
+    ``a.b.jpg``): the folder is listed once, not once per mask (quadratic in the masks)."""
+    if folder not in cache:
+        names = [p.name for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        cache[folder] = {n[:i] for n in names for i, c in enumerate(n) if c == "."}
+    return cache[folder]
 
 
 def read_mask(path: Path, image_file: Path, image_size: tuple[int, int],

@@ -1,0 +1,139 @@
+"""Hostile captures, configs and checkpoints (issue 36): each ends ``tilesplat`` with one line
+naming the file or argument, what was expected and what came, exit status 2, and no run
+folder or half-written file; never a traceback, a hang or an ``Infinity`` in a JSON file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from capture_helpers import colmap_to_nerfstudio
+from tilesplat.cli import main
+from tilesplat.data.captures import pinhole_camera, write_capture
+from tilesplat.data.dataset import load_dataset
+from tilesplat.data.frames import mask_files
+from tilesplat.data.room import camera_poses
+from tilesplat.io.json_file import json_depth, read_json
+
+W, H = 40, 30
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    """A COLMAP capture of the room (4 views of 40x30, points) and its nerfstudio twin."""
+    base = tmp_path_factory.mktemp("hostile")
+    col = write_capture(base / "col", pinhole_camera(W, H), camera_poses(4))
+    return col, colmap_to_nerfstudio(col, base / "ns")
+
+
+def one_error_line(capsys, command: str = "train") -> str:
+    """The one line the CLI printed on stderr (asserting it is one, and an error)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tilesplat {command}: error:"), err
+    return err[0]
+
+
+def train_fails(capsys, data, run, *extra: str) -> str:
+    """``tilesplat train --data data`` into ``run``: exit status 2, one line, no run folder."""
+    args = ["train", "--data", str(data), "--set", f"run_dir={run}", *extra]
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert not run.exists(), sorted(run.rglob("*"))
+    return line
+
+
+# --- 1. JSON nested deeper than the parser recurses --------------------------------------------
+
+
+@pytest.mark.parametrize("layout, name", [("nerfstudio", "transforms.json"),
+                                          ("blender", "transforms_train.json")])
+def test_deeply_nested_transforms_fail_with_one_line(tmp_path, capsys, layout, name):
+    data = tmp_path / layout
+    data.mkdir()
+    deep = 100_000  # far beyond Python's recursion limit (1000)
+    (data / name).write_text('{"frames": ' + "[" * deep + "]" * deep + "}")
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert f"{name}: " in line and f"nested {deep + 1} levels deep; at most 32" in line, line
+
+
+def test_json_depth_counts_outside_strings_only(tmp_path):
+    assert json_depth(b"1") == 0 and json_depth(b"[]") == 1
+    assert json_depth(b'{"a": [[1], {"b": "]]]] [[[["}]}') == 3
+    assert json_depth(rb'["\\", [[]]]') == 3  # an escaped backslash ends no string
+    assert json_depth(rb'["\"[[[", 1]') == 1  # an escaped quote does
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"frames": [0] * 100}))
+    with pytest.raises(ValueError, match=r"big\.json: a test file of 312 bytes; at most 100 "):
+        read_json(big, "a test file", max_bytes=100)
+    assert read_json(big, "a test file")["frames"] == [0] * 100
+
+
+# --- 2. 100,000 frames: linear work, fail or load in seconds -----------------------------------
+
+
+def test_a_hundred_thousand_frames_fail_in_seconds(tmp_path, capsys):
+    """100,000 frames, valid but for their images, which are not there: the frames are
+    checked, split (nerfstudio's 90/10 split was quadratic: minutes) and the first missing
+    image is named within seconds. CPU time is measured, so that the load of other processes
+    on a shared machine does not count."""
+    data = tmp_path / "ns"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    frames = [{"file_path": f"images/frame_{i:06d}.png",
+               "transform_matrix": [[1.0, 0.0, 0.0, x], [0.0, 1.0, 0.0, 0.1],
+                                    [0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 0.0, 1.0]]}
+              for i, x in enumerate(rng.random(100_000).tolist())]
+    meta = {"camera_model": "OPENCV", "fl_x": 50.0, "fl_y": 50.0, "cx": 20.0, "cy": 15.0,
+            "w": W, "h": H, "frames": frames}
+    (data / "transforms.json").write_text(json.dumps(meta))
+    t0 = time.process_time()
+    line = train_fails(capsys, data, tmp_path / "run")
+    seconds = time.process_time() - t0
+    assert "image of 'images/frame_000000.png' not found" in line, line
+    assert seconds < 10.0, f"100,000 frames took {seconds:.1f} s of CPU to fail"
+
+
+def test_masks_of_unregistered_images_are_matched_once_per_folder(tmp_path):
+    """A mask whose image the model did not register is accepted when the image is there by
+    any suffix; the images folder is listed once, not once per mask (which was quadratic in
+    the masks), and glob's special characters in a name are plain characters."""
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    images.mkdir()
+    masks.mkdir()
+    n = 4000
+    for i in range(n):
+        (images / f"u{i:05d}.jpg").touch()  # unregistered, masked as u00000.png
+        (masks / f"u{i:05d}.png").touch()
+    for name in ("[b].jpg", "c.d.jpg", "a.jpg"):
+        (images / name).touch()
+    for name in ("[b].png", "c.png", "c.d.png", "a.jpg.png"):
+        (masks / name).touch()
+    t0 = time.process_time()
+    found = mask_files(masks, ["a.jpg"], images)
+    assert time.process_time() - t0 < 5.0
+    assert found == {"a.jpg": masks / "a.jpg.png"}
+    (masks / "[x].png").touch()  # glob("[x].*") would match an image x.jpg: none is there
+    (images / "x.jpg").touch()
+    with pytest.raises(ValueError, match=r"mask .*\[x\]\.png belongs to no image"):
+        mask_files(masks, ["a.jpg"], images)
+
+
+def test_nerfstudio_still_loads_its_frames(capture):
+    """The frames' poses checked as one array give what they gave frame by frame."""
+    col, ns = capture
+    a, b = load_dataset(col, test_every=0), load_dataset(ns, test_every=0)
+    for fa, fb in zip(a.train, b.train, strict=True):
+        np.testing.assert_allclose(fa.viewmat.numpy(), fb.viewmat.numpy(), atol=1e-5, rtol=0)
+    meta = json.loads((ns / "transforms.json").read_text())
+    meta["frames"][1]["transform_matrix"] = meta["frames"][1]["transform_matrix"][:3]  # 3x4
+    meta["frames"][2]["transform_matrix"][0][0] = float("nan")
+    bad = ns.parent / "ns_nan"
+    shutil.copytree(ns, bad)
+    (bad / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"frame 2 \(images/view_002\.png\): transform_matrix "
+                                         r"must be a finite 3x4 or 4x4 matrix"):
+        load_dataset(bad)
