@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tilesplat.data.captures import pinhole_camera, write_capture
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.frames import mask_files
 from tilesplat.data.room import camera_poses
+from tilesplat.io.images import read_image
 from tilesplat.io.json_file import json_depth, read_json
 
 W, H = 40, 30
@@ -137,3 +140,49 @@ def test_nerfstudio_still_loads_its_frames(capture):
     with pytest.raises(ValueError, match=r"frame 2 \(images/view_002\.png\): transform_matrix "
                                          r"must be a finite 3x4 or 4x4 matrix"):
         load_dataset(bad)
+
+
+# --- 3. an image whose header declares 50,000 x 50,000 pixels ----------------------------------
+
+
+def forged_png(width: int, height: int) -> bytes:
+    """A PNG whose IHDR declares ``width`` x ``height`` RGB pixels, with a few bytes of data:
+    what a decompression bomb's header looks like, without its gigabytes."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+
+
+def forged_bmp(width: int, height: int) -> bytes:
+    """A BMP header declaring ``width`` x ``height`` 24-bit pixels, and no pixels."""
+    dib = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, 0, 2835, 2835, 0, 0)
+    return b"BM" + struct.pack("<IHHI", 14 + len(dib), 0, 0, 14 + len(dib)) + dib
+
+
+@pytest.mark.parametrize("where", ["image", "mask"])
+def test_an_image_declaring_fifty_thousand_squared_pixels(capture, tmp_path, capsys, where):
+    col, _ = capture
+    data = tmp_path / "col"
+    shutil.copytree(col, data)
+    if where == "image":
+        bomb = data / "images" / "view_001.png"
+    else:
+        (data / "masks").mkdir()
+        bomb = data / "masks" / "view_001.png.png"
+    bomb.write_bytes(forged_png(50_000, 50_000))
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert (f"cannot read {where} {bomb}" in line
+            and "it declares 50000x50000 (2500000000 pixels), more than the 178956970 pixels"
+            in line), line
+
+
+def test_a_bomb_of_another_format_names_its_pixels(tmp_path):
+    bomb = tmp_path / "bomb.bmp"
+    bomb.write_bytes(forged_bmp(50_000, 50_000))
+    with pytest.raises(ValueError, match=r"cannot read image .*bomb\.bmp: it declares "
+                                         r"2500000000 pixels, more than"):
+        read_image(bomb)

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from ..io.images import open_image
 
 MASK_SUFFIX = ".png"
 
@@ -196,12 +198,9 @@ def read_mask(path: Path, image_file: Path, image_size: tuple[int, int],
     Raises:
         ValueError: the file is not an image, or its size is not the image's (naming both).
     """
-    try:
-        with Image.open(path) as pil:
-            pil.load()
-            grey = np.asarray(pil.convert("L"))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot read mask {path} of image {image_file}: {e}") from e
+    with open_image(path, f"mask {path} of image {image_file}") as pil:
+        pil.load()
+        grey = np.asarray(pil.convert("L"))
     h, w = grey.shape
     if (w, h) != tuple(image_size):
         raise ValueError(
