@@ -19,7 +19,7 @@ from tilesplat.data.captures import pinhole_camera, write_capture
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.frames import mask_files
 from tilesplat.data.room import camera_poses
-from tilesplat.io.images import read_image
+from tilesplat.io.images import read_image, write_png
 from tilesplat.io.json_file import json_depth, read_json
 
 W, H = 40, 30
@@ -186,3 +186,46 @@ def test_a_bomb_of_another_format_names_its_pixels(tmp_path):
     with pytest.raises(ValueError, match=r"cannot read image .*bomb\.bmp: it declares "
                                          r"2500000000 pixels, more than"):
         read_image(bomb)
+
+
+# --- 4. a run_dir that is a file ---------------------------------------------------------------
+
+
+def test_a_run_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    """Refused before the built-in scene is written into its cache (no work done), the file
+    left as it was; under a file too; and by tilesplat check."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    cache = tmp_path / "cache"
+    for run_dir, message in ((afile, f"run_dir {afile}: expected a folder, found a file"),
+                             (afile / "run", f"run_dir {afile / 'run'}: expected a folder, but "
+                                             f"{afile} is a file")):
+        assert main(["train", "--set", f"run_dir={run_dir}", "--set", f"cache_dir={cache}"]) == 2
+        assert message in one_error_line(capsys)
+        assert afile.read_text() == "mine" and not cache.exists()
+    config = tmp_path / "run.toml"
+    config.write_text(f'run_dir = "{afile}"\n')
+    assert main(["check", str(config)]) == 2
+    assert f"run.toml: run_dir {afile}: expected a folder" in one_error_line(capsys, "check")
+    for command in ("eval", "render"):
+        assert main([command, str(afile)]) == 2
+        assert f"{afile}: expected a run folder, found a file" in one_error_line(capsys, command)
+    assert main(["train", "--resume", str(afile)]) == 2
+    assert f"{afile}: expected a run folder, found a file" in one_error_line(capsys)
+
+
+def test_a_run_the_trainer_refuses_leaves_no_folder(capture, tmp_path, capsys):
+    """The trainer's own checks (here: a batch of views of two sizes) come before the run
+    folder and its config.toml are written."""
+    col, _ = capture
+    ns = colmap_to_nerfstudio(col, tmp_path / "ns", per_frame=True)
+    meta = json.loads((ns / "transforms.json").read_text())
+    small = meta["frames"][0]
+    for key in ("fl_x", "fl_y", "cx", "cy"):
+        small[key] /= 2
+    small["w"], small["h"] = W // 2, H // 2
+    write_png(ns / small["file_path"], np.zeros((H // 2, W // 2, 3), np.uint8))
+    (ns / "transforms.json").write_text(json.dumps(meta))
+    line = train_fails(capsys, ns, tmp_path / "run", "--set", "batch_size=2",
+                       "--set", "test_every=0")
+    assert "batch_size > 1 needs training images of one size" in line, line

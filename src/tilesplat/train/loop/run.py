@@ -18,6 +18,7 @@ Layout of ``runs/<name>/``::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,16 +48,21 @@ Log = Callable[[str], None]
 
 def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
-    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
+    does (keys, types, ranges, the dataset folder's layout, and a ``run_dir`` that can be a
+    folder); (config, layout).
 
     Raises:
         FileNotFoundError: no such config file or dataset folder.
-        ValueError: an invalid key or value (the message names the file).
+        ValueError: an invalid key or value (the message names the file), or a ``run_dir``
+            where a file is.
     """
     from ...data.dataset import detect_layout
 
     cfg = apply_overrides(load_config(path), list(overrides or []))
     layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    problem = run_dir_problem(Path(cfg.run_dir)) if cfg.run_dir else None
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return cfg, layout
 
 
@@ -65,10 +71,30 @@ KEYS = (Key("run_dir", "", "output folder of the run; empty: runs/<scene name> (
 seams.register_keys("the run folder (train/loop/run.py)", KEYS)
 
 
+def run_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot become a run folder, or None: something other than a folder is
+    there or where one of its parents would be made, or the folder it would be made in is
+    not writable."""
+    if path.is_symlink() or path.exists():
+        return None if path.is_dir() else f"run_dir {path}: expected a folder, found a file"
+    above = path.parent
+    while not (above.is_symlink() or above.exists()):  # ends at "/" or "."
+        above = above.parent
+    if not above.is_dir():
+        return f"run_dir {path}: expected a folder, but {above} is a file"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"run_dir {path}: the folder {above} it would be made in is not writable"
+    return None
+
+
 def new_run_dir(cfg: TrainConfig) -> Path:
-    """``run_dir`` if given (refused when it holds a run), else a fresh ``runs/<scene>[-k]``."""
+    """``run_dir`` if given (refused when it holds a run, or cannot be a folder: a file is
+    there), else a fresh ``runs/<scene>[-k]``; nothing is made yet."""
     if cfg.run_dir:
         path = Path(cfg.run_dir)
+        problem = run_dir_problem(path)
+        if problem:
+            raise ValueError(problem)
         if list_checkpoints(path):
             raise ValueError(
                 f"{path} already holds a run: continue it with --resume {path} "
@@ -77,9 +103,12 @@ def new_run_dir(cfg: TrainConfig) -> Path:
         return path
     base = Path("runs") / scene_name(cfg)
     path, k = base, 1
-    while path.exists():
+    while path.is_symlink() or path.exists():
         k += 1
         path = base.with_name(f"{base.name}-{k}")
+    problem = run_dir_problem(path)  # runs/ itself may be a file, or not writable
+    if problem:
+        raise ValueError(problem)
     return path
 
 
@@ -94,11 +123,11 @@ def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]
     par.barrier()
     if par.rank != 0:
         dataset = load_scene(cfg, log)
-    if par.writes:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.toml")
     log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
     trainer = Trainer(cfg, dataset, run_dir, log=log)
+    if par.writes:  # after the trainer's own checks: a refused run leaves no folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
     log(f"{trainer.n_gaussians} initial Gaussians, {cfg.steps} steps")
     trainer.train()
     return run_dir, _finish(trainer, run_dir, cfg, dataset)

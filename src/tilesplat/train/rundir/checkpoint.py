@@ -75,8 +75,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: the folder does not exist or holds no checkpoint.
+        ValueError: ``run_dir`` is a file.
     """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: expected a run folder, found a file")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run folder not found: {run_dir}")
     found = list_checkpoints(run_dir)
