@@ -5,6 +5,7 @@ folder or half-written file; never a traceback, a hang or an ``Infinity`` in a J
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import time
@@ -12,6 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
+import torch
 
 from capture_helpers import colmap_to_nerfstudio
 from tilesplat.cli import main
@@ -21,6 +23,9 @@ from tilesplat.data.frames import mask_files
 from tilesplat.data.room import camera_poses
 from tilesplat.io.images import read_image, write_png
 from tilesplat.io.json_file import json_depth, read_json
+from tilesplat.train.config import load_config
+from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.scene import load_scene
 
 W, H = 40, 30
 
@@ -229,3 +234,110 @@ def test_a_run_the_trainer_refuses_leaves_no_folder(capture, tmp_path, capsys):
     line = train_fails(capsys, ns, tmp_path / "run", "--set", "batch_size=2",
                        "--set", "test_every=0")
     assert "batch_size > 1 needs training images of one size" in line, line
+
+
+# --- 5. a checkpoint that loads safely but is some other program's dict ------------------------
+
+RUN_KEYS = ["--set", "synthetic_size=24", "--set", "synthetic_train=4", "--set",
+            "synthetic_test=2", "--set", "progress=false", "--set", "lpips=false",
+            "--set", "save_ply=false", "--set", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of 2 steps on a tiny built-in scene, and its checkpoint."""
+    base = tmp_path_factory.mktemp("trained")
+    run = base / "run"
+    assert main(["train", "--set", f"run_dir={run}", "--set", f"cache_dir={base / 'cache'}",
+                 "--set", "steps=2", *RUN_KEYS]) == 0
+    (path,) = (run / "checkpoints").iterdir()
+    return run, torch.load(path, weights_only=True)
+
+
+def _edit(key: str, value) -> object:
+    return lambda c: {**c, key: value}
+
+
+def _edit_in(key: str, inner: str, value) -> object:
+    return lambda c: {**c, key: {**c[key], inner: value}}
+
+
+FOREIGN = [
+    ("a list", lambda c: [1, 2, 3], r"not a tilesplat training checkpoint \(a list, not a dict\)"),
+    ("another program's dict", lambda c: {"step": 3, "params": {"w": torch.zeros(3)},
+                                          "model": "resnet"},
+     r"not a tilesplat training checkpoint: format None, expected 'tilesplat-train-1' "
+     r"\(its keys: model, params, step\)"),
+    ("no config", lambda c: {k: v for k, v in c.items() if k != "config"},
+     r"the checkpoint holds no config"),
+    ("a config key of another program", _edit_in("config", "learning_rate", 0.1),
+     r"checkpoint config: unknown config key 'learning_rate'"),
+    ("a negative step", _edit("step", -4), r"step must be an int >= 0, got -4"),
+    ("a NaN scene scale", _edit("scene_scale", float("nan")),
+     r"scene_scale must be a finite number > 0.0, got nan"),
+    ("no time", lambda c: {k: v for k, v in c.items() if k != "elapsed"},
+     r"elapsed must be a finite number >= 0.0, got None"),
+    ("no quaternions", lambda c: {**c, "params": {k: v for k, v in c["params"].items()
+                                                  if k != "quats"}},
+     r"model parameter 'quats' is missing or not a float tensor"),
+    ("NaN means", lambda c: {**c, "params": {**c["params"],
+                                             "means": c["params"]["means"] * float("nan")}},
+     r"model parameter 'means' holds NaN or infinite values"),
+    ("an averaged model that is a tensor", _edit("averaged", torch.zeros(3)),
+     r"the checkpoint's averaged model \(ema_decay\) is malformed"),
+    ("no Adam states", lambda c: {k: v for k, v in c.items() if k != "optimizers"},
+     r"the checkpoint holds no optimizer states"),
+    ("an Adam moment of another shape",
+     lambda c: {**c, "optimizers": {**c["optimizers"], "means": {
+         **c["optimizers"]["means"], "state": {0: {"step": torch.tensor(2.0),
+                                                   "exp_avg": torch.zeros(2, 3),
+                                                   "exp_avg_sq": torch.zeros(2, 3)}}}}},
+     r"optimizer state means\.exp_avg is \[2, 3\], expected a float tensor of shape \[\d+, 3\]"),
+    ("another strategy's state", _edit("strategy_state", {"binoms": torch.zeros(51, 51)}),
+     r"strategy_state holds \['binoms'\], the strategy keeps \['count', 'grad2d', "
+     r"'scene_scale'\]"),
+    ("a strategy count of other Gaussians", _edit_in("strategy_state", "count", torch.zeros(7)),
+     r"strategy_state\['count'\] is \[7\], which the run's strategy does not keep there"),
+    ("another generator's state", _edit("rng", torch.zeros(16, dtype=torch.uint8)),
+     r"rng must be torch's CPU generator state \(uint8 \[\d+\]\), got torch\.uint8 \[16\]"),
+    ("a log of words", _edit_in("history", "loss", ["low", "lower"]),
+     r"history\['loss'\] must be a list of numbers"),
+    ("a log of ragged lists", _edit_in("history", "psnr", [1.0]),
+     r"history lists differ in length"),
+    ("a window of words", _edit("window", "abc"), r"window must be a list of"),
+    ("features of words", _edit("features", {"pose_opt": "yes"}),
+     r"features must be a dict of each feature's state"),
+]
+COMMANDS = [("eval", []), ("render", []), ("export", ["--to", "ply"]),
+            ("train", ["--set", "steps=4"])]
+
+
+@pytest.mark.parametrize("what, edit, message", FOREIGN, ids=[f[0] for f in FOREIGN])
+def test_a_foreign_checkpoint_is_one_line_for_every_command(trained, tmp_path, capsys, what,
+                                                            edit, message):
+    run, ckpt = trained
+    bad = tmp_path / "run"
+    (bad / "checkpoints").mkdir(parents=True)
+    shutil.copy(run / "config.toml", bad / "config.toml")
+    path = bad / "checkpoints" / "step_0000002.pt"
+    torch.save(edit(ckpt), path)
+    before = sorted(p.relative_to(bad) for p in bad.rglob("*"))
+    for command, extra in COMMANDS:
+        argv = [command, str(bad), *extra]
+        if command == "train":
+            argv = ["train", "--resume", str(bad), *extra]
+        assert main(argv) == 2, argv
+        line = one_error_line(capsys, command)
+        assert f"{path}: " in line and re.search(message, line), line
+        assert sorted(p.relative_to(bad) for p in bad.rglob("*")) == before  # nothing written
+
+
+def test_a_trainer_given_a_foreign_checkpoint_says_so(trained, tmp_path):
+    run, ckpt = trained
+    cfg = load_config(run / "config.toml")
+    dataset = load_scene(cfg, log=lambda _: None)
+    with pytest.raises(ValueError, match=r"^checkpoint: strategy_state holds \['x'\]"):
+        Trainer(cfg, dataset, tmp_path / "run", checkpoint={**ckpt, "strategy_state": {"x": 1}},
+                log=lambda _: None)
+    trainer = Trainer(cfg, dataset, tmp_path / "run", checkpoint=ckpt, log=lambda _: None)
+    assert trainer.step == 2  # the checkpoint itself passes

@@ -32,12 +32,7 @@ from ..config import TrainConfig, apply_overrides, load_config, save_config
 from ..features.averaging import served_params
 from ..features.base import checkpoint_features, trained_dataset
 from ..parallel import for_ranks, parallel_mode
-from ..rundir.checkpoint import (
-    checkpoint_config,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-)
+from ..rundir.checkpoint import latest_checkpoint, list_checkpoints, open_checkpoint
 from ..rundir.evaluate import evaluate
 from ..rundir.outputs import write_outputs
 from ..rundir.scene import load_scene, scene_name
@@ -161,9 +156,8 @@ def resume_run(
     checkpoint holds the whole model, so the number of ranks may differ from the run's.
     """
     run_dir = Path(run_dir)
-    path = latest_checkpoint(run_dir)
-    ckpt = load_checkpoint(path)
-    cfg = checkpoint_config(ckpt)
+    run = open_checkpoint(latest_checkpoint(run_dir))  # every field checked before any work
+    cfg, ckpt, path = run.cfg, run.ckpt, run.path
     given = apply_overrides(cfg, list(overrides or []))
     given = for_ranks(given) if several_ranks else given
     if given != cfg:
@@ -178,10 +172,15 @@ def resume_run(
 
 
 def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
-    """(config, parameters, checkpoint) of a run's newest checkpoint."""
-    ckpt = load_checkpoint(latest_checkpoint(run_dir))
-    params = {k: v.float() for k, v in served_params(ckpt).items()}
-    return checkpoint_config(ckpt), params, ckpt
+    """(config, parameters, checkpoint) of a run's newest checkpoint, every field checked.
+
+    Raises:
+        FileNotFoundError: no such folder, or no checkpoint in it.
+        ValueError: ``run_dir`` is a file, or the checkpoint is malformed (naming it).
+    """
+    run = open_checkpoint(latest_checkpoint(run_dir))
+    params = {k: v.float() for k, v in served_params(run.ckpt).items()}
+    return run.cfg, params, run.ckpt
 
 
 def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:

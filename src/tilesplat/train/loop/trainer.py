@@ -38,6 +38,7 @@ from ..models.splats import make_optimizers, make_params, restore_model
 from ..parallel import parallel_mode
 from ..rundir.checkpoint import (
     CHECKPOINT_FORMAT,
+    check_checkpoint,
     checkpoint_path,
     prune_checkpoints,
     save_checkpoint,
@@ -225,10 +226,10 @@ class Trainer:
         return state
 
     def _load_state(self, ckpt: dict[str, Any]) -> None:
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"checkpoint format {ckpt.get('format')!r} is not {CHECKPOINT_FORMAT!r}"
-            )
+        try:  # every field, before any is used (open_checkpoint has named the file)
+            check_checkpoint(ckpt)
+        except ValueError as exc:
+            raise ValueError(f"checkpoint: {exc}") from None
         self.step = int(ckpt["step"])
         self.scene_scale = float(ckpt["scene_scale"])
         params, optimizers = restore_model(ckpt, self.cfg, self.device)
@@ -245,7 +246,11 @@ class Trainer:
             # CPU has no such state: the GPU's generator starts from the seed and the step
             rng = ckpt.get("cuda_rng")
             if isinstance(rng, Tensor):
-                torch.cuda.set_rng_state(rng, self.device)
+                try:
+                    torch.cuda.set_rng_state(rng, self.device)
+                except RuntimeError as exc:  # the state of another kind of generator
+                    raise ValueError(f"checkpoint: cuda_rng does not fit this GPU's generator "
+                                     f"({exc})") from None
             else:
                 with torch.cuda.device(self.device):
                     torch.cuda.manual_seed(self.cfg.seed * 1_000_003 + self.step)

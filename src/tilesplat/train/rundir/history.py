@@ -16,6 +16,7 @@ from ...io.atomic import atomic_write_bytes
 from ..step.metrics import psnr_of_mse
 
 HISTORY_KEYS = ("step", "time", "loss", "psnr", "gaussians", "test_step", "test_time", "test_psnr")
+WINDOW_LENGTHS = (3,)  # the window's lengths a checkpoint may hold
 
 
 class TrainingLog:
