@@ -5,6 +5,7 @@ folder or half-written file; never a traceback, a hang or an ``Infinity`` in a J
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import struct
@@ -22,10 +23,12 @@ from tilesplat.data.dataset import load_dataset
 from tilesplat.data.frames import mask_files
 from tilesplat.data.room import camera_poses
 from tilesplat.io.images import read_image, write_png
-from tilesplat.io.json_file import json_depth, read_json
+from tilesplat.io.json_file import json_depth, read_json, strict_json_bytes
 from tilesplat.train.config import load_config
 from tilesplat.train.loop.trainer import Trainer
+from tilesplat.train.rundir.history import TrainingLog
 from tilesplat.train.rundir.scene import load_scene
+from tilesplat.train.step.masks import view_metrics
 
 W, H = 40, 30
 
@@ -341,3 +344,58 @@ def test_a_trainer_given_a_foreign_checkpoint_says_so(trained, tmp_path):
                 log=lambda _: None)
     trainer = Trainer(cfg, dataset, tmp_path / "run", checkpoint=ckpt, log=lambda _: None)
     assert trainer.step == 2  # the checkpoint itself passes
+
+
+# --- 6. masks that hide every pixel: undefined metrics are null, and said so ------------------
+
+
+def _strict(path):
+    """The JSON file ``path``, refusing NaN and Infinity (which are not JSON)."""
+    def refuse(name):
+        raise AssertionError(f"{path.name} holds {name}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_masks_that_hide_every_pixel_give_null_metrics(capture, tmp_path, capsys):
+    col, _ = capture
+    data = tmp_path / "col"
+    shutil.copytree(col, data)
+    (data / "masks").mkdir()
+    for image in (data / "images").iterdir():
+        write_png(data / "masks" / f"{image.name}.png", np.zeros((H, W), np.uint8))
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--set", f"run_dir={run}", "--set", "steps=4",
+                 "--set", "test_every=2", *RUN_KEYS[6:]]) == 0
+    out = capsys.readouterr().out
+    metrics = _strict(run / "metrics.json")
+    assert metrics["masked_psnr"] is None and metrics["masked_ssim"] is None
+    assert all(v["masked_psnr"] is None and v["masked_ssim"] is None for v in metrics["views"])
+    assert isinstance(metrics["psnr"], float)  # the unmasked metrics are still there
+    assert ("metrics.json: undefined (no pixel counted) or infinite metrics written as null: "
+            "masked_psnr, masked_ssim, masked_psnr of view_000, masked_ssim of view_000") in out
+    assert "masked PSNR undefined" in out  # the closing line
+    history = _strict(run / "history.json")
+    assert history["psnr"] == [None] * 4 and history["loss"] == [0.0] * 4  # nothing to fit
+    assert ("history.json: undefined or infinite numbers written as null (a PSNR where no "
+            "pixel counted, or of a perfect render): psnr[0], psnr[1], psnr[2], psnr[3]") in out
+    assert main(["eval", str(run)]) == 0  # the checkpoint's NaN PSNRs load and are written
+    assert _strict(run / "metrics.json")["masked_psnr"] is None
+
+
+def test_the_masked_metrics_of_the_views_that_count_a_pixel():
+    image, target = torch.rand(2, 20, 20, 3).unbind(0)
+    hidden = torch.zeros(20, 20, dtype=torch.bool)
+    border = hidden.clone()
+    border[0] = True  # kept pixels, but no SSIM window centred on one
+    assert view_metrics(image, target, hidden) == {"masked_psnr": None, "masked_ssim": None}
+    got = view_metrics(image, target, border)
+    assert got["masked_ssim"] is None and math.isfinite(got["masked_psnr"])
+    log = TrainingLog()
+    nan, mse = torch.tensor(math.nan, dtype=torch.float64), torch.tensor(0.01, dtype=torch.float64)
+    log.record(1, torch.tensor(0.5), nan, False, 1.0, 10)  # a step whose views count no pixel
+    log.record(2, torch.tensor(0.3), mse, True, 2.0, 10)
+    assert log.history["psnr"] == [20.0] and log.history["loss"] == [pytest.approx(0.4)]
+    assert TrainingLog(window=[1.0, 40.0, 2]).window == [1.0, 40.0, 2, 2]  # older checkpoints
+    data, nulled = strict_json_bytes({"a": math.inf, "b": [math.nan, 1.0]})
+    assert json.loads(data) == {"a": None, "b": [None, 1.0]} and nulled == ["a", "b[0]"]

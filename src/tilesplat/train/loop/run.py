@@ -137,7 +137,8 @@ def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDat
         return {}
     dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
     return write_outputs(
-        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed
+        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed,
+        log=trainer.log,
     )
 
 
@@ -190,7 +191,8 @@ def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
     dataset = load_scene(cfg, log)
     dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     return write_outputs(
-        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed")
+        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed"),
+        log=log,
     )
 
 

@@ -44,6 +44,7 @@ from ..rundir.checkpoint import (
     save_checkpoint,
 )
 from ..rundir.history import TrainingLog
+from ..rundir.outputs import listed
 from ..step.batch import CameraOrder, make_batch
 from ..step.capacity import StepCapacity, capacity_applies, count_views
 from ..step.cuda_graph import CudaGraphMaker, graph_unavailable, plain_rates
@@ -144,6 +145,7 @@ class Trainer:
             else:  # the step as one CUDA graph (train/step/cuda_graph.py)
                 self.steps.use_graph(CudaGraphMaker())
         self.board = NO_BOARD  # TensorBoard's events while train() runs (tensorboard.py)
+        self._nulled = 0  # the undefined numbers of history.json the log has named
 
     def _pre_backward(self, step: int, info: dict[str, Any]) -> None:
         """The strategy's hook after the render (gsplat's ``step_pre_backward``)."""
@@ -268,7 +270,11 @@ class Trainer:
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         for feature in self.features:
             feature.write(self.run_dir)
-        self.training_log.write(self.run_dir / "history.json")
+        nulled = self.training_log.write(self.run_dir / "history.json")
+        if len(nulled) > self._nulled:  # said once for each new undefined number
+            self.log(f"history.json: undefined or infinite numbers written as null (a PSNR "
+                     f"where no pixel counted, or of a perfect render): {listed(nulled)}")
+            self._nulled = len(nulled)
         return path
 
     # --- one step ------------------------------------------------------------------------
