@@ -4,6 +4,7 @@ folder or half-written file; never a traceback, a hang or an ``Infinity`` in a J
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -19,9 +20,12 @@ import torch
 from capture_helpers import colmap_to_nerfstudio
 from tilesplat.cli import main
 from tilesplat.data.captures import pinhole_camera, write_capture
+from tilesplat.data.colmap_format import read_model
+from tilesplat.data.colmap_write import write_model
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.frames import mask_files
 from tilesplat.data.room import camera_poses
+from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.io.images import read_image, write_png
 from tilesplat.io.json_file import json_depth, read_json, strict_json_bytes
 from tilesplat.train.config import load_config
@@ -399,3 +403,85 @@ def test_the_masked_metrics_of_the_views_that_count_a_pixel():
     assert TrainingLog(window=[1.0, 40.0, 2]).window == [1.0, 40.0, 2, 2]  # older checkpoints
     data, nulled = strict_json_bytes({"a": math.inf, "b": [math.nan, 1.0]})
     assert json.loads(data) == {"a": None, "b": [None, 1.0]} and nulled == ["a", "b[0]"]
+
+
+# --- 7. NaN or Inf in the points or the cameras: refused at load, before the run folder -------
+
+
+def _colmap_with(col, out, fmt, edit):
+    """A copy of the COLMAP capture ``col`` in ``out``, its model rewritten in ``fmt`` after
+    ``edit(cameras, images, xyz)`` (lists of records, [P, 3] array) changed it in place."""
+    shutil.copytree(col, out, ignore=shutil.ignore_patterns("sparse"))
+    cams, images, xyz, rgb = read_model(col / "sparse" / "0")
+    cams = [dataclasses.replace(c, params=c.params.copy()) for c in cams.values()]
+    images = [dataclasses.replace(im, tvec=im.tvec.copy())
+              for im in sorted(images.values(), key=lambda im: im.name)]
+    xyz = xyz.copy()
+    edit(cams, images, xyz)
+    write_model(out / "sparse" / "0", cams, images, xyz, rgb, fmt=fmt)
+    return out
+
+
+def _set(array, index, value):
+    array[index] = value
+
+
+NON_FINITE_COLMAP = [
+    ("bin", lambda c, i, x: _set(x, 5, [math.nan, 0.0, 1.0]),
+     r"sparse/0/points3D\.bin: 3D point 5 \(POINT3D_ID \d+\) has a non-finite position "
+     r"\(nan, 0\.0, 1\.0\); 1 of the \d+ points do"),
+    ("txt", lambda c, i, x: _set(x, 2, [0.0, math.inf, 1.0]),
+     r"sparse/0/points3D\.txt:\d+: 3D point 2 has a non-finite position \(0\.0, inf, 1\.0\)"),
+    ("txt", lambda c, i, x: _set(i[1].tvec, 0, math.nan),
+     r"sparse/0/images\.txt: image 'view_001\.png' has a non-finite translation \[nan, "),
+    ("bin", lambda c, i, x: _set(c[0].params, 2, -math.inf),
+     r"sparse/0/cameras\.bin: camera \d+ \(PINHOLE\): parameter 2 of \[.*-inf.*\] is not "
+     r"finite"),
+]
+
+
+@pytest.mark.parametrize("fmt, edit, message", NON_FINITE_COLMAP)
+def test_non_finite_colmap_numbers_are_refused_at_load(capture, tmp_path, capsys, fmt, edit,
+                                                       message):
+    data = _colmap_with(capture[0], tmp_path / "col", fmt, edit)
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert re.search(message, line), line
+
+
+def test_non_finite_nerfstudio_numbers_are_refused_at_load(capture, tmp_path, capsys):
+    _, ns = capture
+    data = tmp_path / "ns"
+    shutil.copytree(ns, data)
+    ply = data / "sparse_pc.ply"
+    good = ply.read_text()
+    lines = good.splitlines()
+    body = lines.index("end_header") + 1
+    ply.write_text("\n".join(lines[:body + 3] + ["nan 0.5 1.0 10 20 30"] + lines[body + 4:]))
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert re.search(r"sparse_pc\.ply: vertex 3 has a non-finite position \(nan, 0\.5, 1\.0\)",
+                     line), line
+    floats = good.replace("property uint8 red", "property float red").splitlines()
+    floats[body + 1] = "0.1 0.2 0.3 nan 20 30"  # a float colour that would cast to any byte
+    ply.write_text("\n".join(floats))
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert "sparse_pc.ply: vertex 1 has a non-finite colour (nan, 20.0, 30.0)" in line, line
+    ply.write_text(good)
+    meta = json.loads((data / "transforms.json").read_text())
+    (data / "transforms.json").write_text(json.dumps({**meta, "fl_x": math.inf}))
+    assert "fl_x must be finite, got inf" in train_fails(capsys, data, tmp_path / "run")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(cx=math.nan), r"the principal point must be finite, got cx=nan"),
+    (lambda m: m.update(w=math.inf, h=16), r"w must be a number of pixels, got inf"),
+    # finite in the file, but the camera's position is beyond float32: the pose is not
+    (lambda m: m["frames"][1]["transform_matrix"][0].__setitem__(3, 1e300),
+     r"train view 'r_1' has a non-finite world-to-camera matrix"),
+])
+def test_non_finite_blender_numbers_are_refused_at_load(tmp_path, capsys, edit, message):
+    data = write_synthetic_dataset(tmp_path / "blender", n_train=3, n_test=1, size=16, seed=0)
+    meta = json.loads((data / "transforms_train.json").read_text())
+    edit(meta)
+    (data / "transforms_train.json").write_text(json.dumps(meta))
+    line = train_fails(capsys, data, tmp_path / "run")
+    assert re.search(message, line), line

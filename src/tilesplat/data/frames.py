@@ -95,6 +95,31 @@ class SceneDataset:
     extras: dict | None = None
 
 
+def check_finite_scene(dataset: SceneDataset, source: str | Path) -> SceneDataset:
+    """``dataset``, checked to hold only finite poses, intrinsics and points (the readers
+    check their files' numbers; this catches what a computation of them made, such as the
+    inverse of a nearly singular pose), so that a bad number stops the load, not the first
+    step of a run.
+
+    Raises:
+        ValueError: naming ``source``, the first frame or point that is not finite, and what.
+    """
+    for split in ("train", "test"):
+        for f in getattr(dataset, split):
+            for what, t in (("world-to-camera matrix", f.viewmat), ("intrinsics K", f.K)):
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"{source}: {split} view '{f.name}' has a non-finite "
+                                     f"{what}: {t.tolist()}")
+    for what, pts in (("position", dataset.points), ("colour", dataset.points_rgb)):
+        if pts is not None:
+            bad = torch.nonzero(~torch.isfinite(pts).all(dim=1))
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(f"{source}: initial point {i} has a non-finite {what} "
+                                 f"{pts[i].tolist()}")
+    return dataset
+
+
 def split_every(names: list[str], test_every: int) -> tuple[list[int], list[int]]:
     """Indices (train, test) of ``names`` sorted by name; test = every ``test_every``-th."""
     order = sorted(range(len(names)), key=lambda i: names[i])
