@@ -87,6 +87,21 @@ def test_json_depth_counts_outside_strings_only(tmp_path):
     assert read_json(big, "a test file")["frames"] == [0] * 100
 
 
+def test_a_config_nested_too_deep_or_too_large_is_one_line(tmp_path, capsys):
+    """tomllib recurses once per level of nested arrays, as json does."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text("steps = " + "[" * 5000 + "]" * 5000 + "\n")
+    for argv in (["check", str(deep)], ["train", "--config", str(deep)]):
+        assert main(argv) == 2
+        assert (f"{deep}: not a valid config: its values are nested deeper than the TOML "
+                "reader follows") in one_error_line(capsys, argv[0])
+    big = tmp_path / "big.toml"
+    big.write_text("# padding\n" * 200_000)
+    assert main(["check", str(big)]) == 2
+    assert "a config file of 2000000 bytes; at most 1048576 are read" in one_error_line(
+        capsys, "check")
+
+
 # --- 2. 100,000 frames: linear work, fail or load in seconds -----------------------------------
 
 
