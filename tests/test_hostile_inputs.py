@@ -500,3 +500,16 @@ def test_non_finite_blender_numbers_are_refused_at_load(tmp_path, capsys, edit, 
     (data / "transforms_train.json").write_text(json.dumps(meta))
     line = train_fails(capsys, data, tmp_path / "run")
     assert re.search(message, line), line
+
+
+def test_a_resume_that_fails_leaves_the_run_as_it_was(trained, tmp_path, capsys):
+    """--resume with overrides writes the run's config.toml only once the dataset loaded
+    and the trainer took the checkpoint."""
+    run, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(copy), "--set", "steps=9",
+                 "--set", f"data={tmp_path / 'moved'}"]) == 2
+    assert f"dataset folder not found: {tmp_path / 'moved'}" in one_error_line(capsys)
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

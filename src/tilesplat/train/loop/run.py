@@ -161,12 +161,11 @@ def resume_run(
     cfg, ckpt, path = run.cfg, run.ckpt, run.path
     given = apply_overrides(cfg, list(overrides or []))
     given = for_ranks(given) if several_ranks else given
-    if given != cfg:
-        cfg = given
-        if parallel_mode(cfg).writes:
-            save_config(cfg, run_dir / "config.toml")
+    changed, cfg = given != cfg, given
     dataset = load_scene(cfg, log)
     trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
+    if changed and parallel_mode(cfg).writes:  # once the data and the checkpoint are taken
+        save_config(cfg, run_dir / "config.toml")
     log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
     trainer.train()
     return run_dir, _finish(trainer, run_dir, cfg, dataset)
