@@ -6,10 +6,12 @@ against the reference is in tests/ops (the ``cpu`` parameters).
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -65,12 +67,35 @@ def test_import_compiles_nothing():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
-def test_blend_loop_vectorises():
+# Packed floating-point arithmetic, of any vector width: the instruction names end in ps / pd
+# (packed single / double; scalar ones end in ss / sd) on x86 (SSE xmm, AVX ymm, AVX-512 zmm),
+# and the operands are vector registers with a lane arrangement on Arm (NEON v0.4s, v0.2d;
+# SVE z0.s). Which width LLVM picks is the CPU's business (8 lanes on an Emerald Rapids
+# with AVX-512, 16 on other AVX-512 CPUs, 4 with NEON); that the loop runs in lanes is ours.
+_PACKED_X86 = re.compile(
+    r"^\s*v?(?:mul|add|sub|min|max|div|fn?m(?:add|sub)(?:132|213|231))p[sd]\s.*%[xyz]mm\d",
+    re.MULTILINE,
+)
+_PACKED_ARM = re.compile(
+    r"^\s*f(?:mul|add|sub|min|max|minnm|maxnm|div|mla|mls|mad|msb|nmla|nmls)\s+"
+    r"(?:v\d+\.\d+[hsd]|z\d+\.[hsd])\b",
+    re.MULTILINE,
+)
+
+
+def packed_float_ops(asm: str) -> int:
+    """The number of packed (SIMD) floating-point arithmetic instructions in ``asm``."""
+    pattern = _PACKED_X86 if platform.machine() in ("x86_64", "AMD64") else _PACKED_ARM
+    return len(pattern.findall(asm))
+
+
+def blend_tile_asm() -> str:
+    """The machine code of a fresh, uncached copy of ``rasterize_fwd.blend_tile`` with the
+    kernel's own options (cached code cannot be inspected), compiled for a float32 tile."""
     from numba import njit
 
     from tilesplat.backends.cpu import rasterize_fwd
 
-    # A fresh, uncached copy with the kernel's own options (cached code cannot be inspected).
     skip = ("cache", "nopython")
     options = {k: v for k, v in rasterize_fwd.blend_tile.targetoptions.items() if k not in skip}
     blend_tile = njit(**options)(rasterize_fwd.blend_tile.py_func)
@@ -94,18 +119,33 @@ def test_blend_loop_vectorises():
         np.zeros((3, P), np.float64),
         np.zeros((n_k, 1), np.uint8),  # the hit flags of rasterize_saved
     )
-    asm = blend_tile.inspect_asm(blend_tile.signatures[0])
-    if platform.machine() in ("x86_64", "AMD64"):  # AVX2 / AVX-512 packed single precision
-        packed = re.findall(r"\bv(?:mul|add|sub|min|max)ps\s+%[yz]mm", asm)
-    else:  # NEON: fmul v0.4s, ...
-        packed = re.findall(r"\bf(?:mul|add|sub|min|max)\s+v\d+\.4s", asm)
-    assert len(packed) > 20, f"the per-pair loop did not vectorise ({len(packed)} packed ops)"
-    from llvmlite import binding
+    return blend_tile.inspect_asm(blend_tile.signatures[0])
 
-    if binding.get_host_cpu_features().get("avx512f", False):
-        # full width: an int64 counter in the loop made LLVM fall back to 8 lanes
-        wide = re.findall(r"\bv(?:mul|add|sub|min|max)ps\s+%zmm", asm)
-        assert len(wide) > 20, f"the per-pair loop uses {len(wide)} 16-lane ops"
+
+# the per-pair loop's body is ~30 float operations; vectorised, each is packed at least once
+VECTORISED = 20
+
+
+def test_blend_loop_vectorises():
+    packed = packed_float_ops(blend_tile_asm())
+    assert packed > VECTORISED, f"the per-pair loop did not vectorise ({packed} packed ops)"
+
+
+def test_vectorisation_check_fails_on_a_scalar_loop():
+    """The same loop compiled with LLVM's loop vectoriser off (NUMBA_LOOP_VECTORIZE=0, read
+    when Numba starts: another process) is scalar, and the count above says so."""
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_cpu_backend import blend_tile_asm, packed_float_ops\n"
+        "print(packed_float_ops(blend_tile_asm()))\n"
+    )
+    env = {**os.environ, "NUMBA_LOOP_VECTORIZE": "0", "NUMBA_SLP_VECTORIZE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    scalar = int(out.stdout.split()[-1])
+    assert scalar <= VECTORISED, f"a scalar loop counted as vectorised ({scalar} packed ops)"
 
 
 def _exp_neg_by_bit_tests(s):

@@ -15,6 +15,7 @@ from tilesplat.train.rundir.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    open_checkpoint,
     save_checkpoint,
 )
 
@@ -115,8 +116,11 @@ def test_atomic_write_and_safe_load(tmp_path):
     torch.save({"step": 1, "params": {}, "evil": TrainConfig()}, path)
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         load_checkpoint(path)
-    torch.save({"something": 1}, path)
-    with pytest.raises(ValueError, match="not a tilesplat training checkpoint"):
+    torch.save({"something": 1}, path)  # loads; its fields are checked by open_checkpoint
+    with pytest.raises(ValueError, match="not a tilesplat training checkpoint: format None"):
+        open_checkpoint(path)
+    torch.save([1, 2], path)
+    with pytest.raises(ValueError, match=r"not a tilesplat training checkpoint \(a list"):
         load_checkpoint(path)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         latest_checkpoint(

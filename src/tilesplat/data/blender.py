@@ -10,7 +10,6 @@ loaded: train and test are what 3DGS uses. With ``masks_dir``, the mask of ``tra
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from ..io.images import image_size, read_image, resize_image
+from ..io.json_file import read_json
 from .frames import (
     Frame,
     SceneDataset,
@@ -44,12 +44,7 @@ def read_transforms(path: Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError / ValueError naming the file.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"Blender transforms file not found: {path}")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    meta = read_json(path, "Blender transforms file")  # size and nesting bounded
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object at the top level")
     frames = meta.get("frames")
@@ -75,7 +70,7 @@ def read_transforms(path: Path) -> dict[str, Any]:
 
 
 def blender_c2w_to_viewmat(c2w: np.ndarray) -> np.ndarray:
-    """[4, 4] camera-to-world in OpenGL axes -> [4, 4] world-to-camera in OpenCV axes."""
+    """[..., 4, 4] camera-to-world in OpenGL axes -> [..., 4, 4] world-to-camera in OpenCV axes."""
     return np.linalg.inv(c2w @ GL_TO_CV)
 
 
@@ -88,6 +83,17 @@ def _image_file(root: Path, file_path: str) -> Path:
     if p.is_file():
         return p
     raise FileNotFoundError(f"image of frame '{file_path}' not found: {p} (or {p}.png)")
+
+
+def _size(value: Any, key: str, json_path: Path) -> int:
+    """An image size the file gives (``w``, ``h``), a finite number >= 1, as an int."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 1):
+        raise ValueError(f"{json_path}: {key} must be a number of pixels, got {value!r}")
+    return int(number)
 
 
 def _intrinsics(src: dict[str, Any], width: int, height: int, json_path: Path) -> np.ndarray:
@@ -109,6 +115,9 @@ def _intrinsics(src: dict[str, Any], width: int, height: int, json_path: Path) -
         raise ValueError(f"{json_path}: intrinsics are not numbers ({e})") from e
     if not (fx > 0 and fy > 0 and math.isfinite(fx) and math.isfinite(fy)):
         raise ValueError(f"{json_path}: focal length must be positive, got fx={fx}, fy={fy}")
+    if not (math.isfinite(cx) and math.isfinite(cy)):
+        raise ValueError(f"{json_path}: the principal point must be finite, got cx={cx}, "
+                         f"cy={cy}")
     return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
 
 
@@ -132,7 +141,8 @@ def load_frame(
     img = read_image(img_path)
     h, w = img.shape[:2]
     exp_w, exp_h = src.get("w"), src.get("h")
-    if exp_w is not None and exp_h is not None and (int(exp_w), int(exp_h)) != (w, h):
+    if exp_w is not None and exp_h is not None and (_size(exp_w, "w", json_path),
+                                                    _size(exp_h, "h", json_path)) != (w, h):
         raise ValueError(
             f"{img_path}: image is {w}x{h} but {json_path.name} says w={exp_w}, h={exp_h}"
         )

@@ -38,9 +38,13 @@ def camera_of(cam: ColmapCamera, source: Path) -> Camera:
     """
     where = f"{source}: camera {cam.camera_id}"
     cm.check_model(cam.model, cam.params, where)
+    bad = np.flatnonzero(~np.isfinite(cam.params))
+    if len(bad):
+        raise ValueError(f"{where} ({cam.model}): parameter {int(bad[0])} of "
+                         f"{list(cam.params)} is not finite")
     fx, fy, _, _ = cm.intrinsics(cam.model, cam.params)
-    if not (fx > 0 and fy > 0 and np.isfinite(cam.params).all()):
-        raise ValueError(f"{where} has a non-positive or non-finite focal length or parameter")
+    if not (fx > 0 and fy > 0):
+        raise ValueError(f"{where} has a non-positive focal length ({fx}, {fy})")
     if cam.width < 1 or cam.height < 1:
         raise ValueError(f"{where} has an empty image size {cam.width}x{cam.height}")
     return Camera(cam.model, cam.width, cam.height, tuple(float(v) for v in cam.params))
@@ -88,15 +92,19 @@ def load_colmap(
     cams, images, xyz, rgb, tracks = read_model_tracks(sparse)
     if not images:
         raise ValueError(f"{sparse}: the COLMAP model has no registered images")
-    cam_file = next(
-        sparse / f"cameras.{e}" for e in ("bin", "txt") if (sparse / f"cameras.{e}").is_file()
-    )
+    cam_file, img_file = (next(sparse / f"{stem}.{e}" for e in ("bin", "txt")
+                               if (sparse / f"{stem}.{e}").is_file())
+                          for stem in ("cameras", "images"))
     ordered = sorted(images.values(), key=lambda im: im.name)
     for im in ordered:
         if im.camera_id not in cams:
             raise ValueError(f"{sparse}: image '{im.name}' refers to missing camera {im.camera_id}")
         if not np.isfinite(im.qvec).all() or np.linalg.norm(im.qvec) < 1e-8:
-            raise ValueError(f"{sparse}: image '{im.name}' has an invalid rotation {im.qvec}")
+            raise ValueError(f"{img_file}: image '{im.name}' has an invalid rotation "
+                             f"{im.qvec.tolist()}")
+        if not np.isfinite(im.tvec).all():
+            raise ValueError(f"{img_file}: image '{im.name}' has a non-finite translation "
+                             f"{im.tvec.tolist()}")
     used = {im.camera_id for im in ordered}
     cameras = {cid: camera_of(cams[cid], cam_file) for cid in sorted(used)}
     images_dir = root / "images"

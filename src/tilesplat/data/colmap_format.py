@@ -10,6 +10,7 @@ for every platform and Python we support; loading a model needs none of it.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,9 +172,11 @@ def read_points3d_bin_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks
     n = r.count("3D points", 43 + 8)
     xyz = np.empty((n, 3))
     rgb = np.empty((n, 3), dtype=np.uint8)
+    ids = np.empty(n, dtype=np.uint64)
     rows, seen = [], []
     for i in range(n):
         vals = r.unpack("Q3d3Bd", f"3D point record {i}")
+        ids[i] = vals[0]
         xyz[i] = vals[1:4]
         rgb[i] = vals[4:7]
         track = r.count(f"track entries of 3D point {vals[0]}", 8)
@@ -182,7 +185,18 @@ def read_points3d_bin_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks
             seen.append(np.frombuffer(raw, dtype="<i4")[0::2])
             rows.append(np.full(track, i, dtype=np.int64))
     r.finish()
+    _check_finite_points(xyz, lambda i: f"{path}: 3D point {i} (POINT3D_ID {ids[i]})")
     return xyz, rgb, _tracks(rows, seen)
+
+
+def _check_finite_points(xyz: np.ndarray, where: Callable[[int], str]) -> None:
+    """Raises ValueError naming the first point of ``xyz`` [P, 3] (``where(row)``) that has a
+    NaN or infinite coordinate: it would reach the initial Gaussians, and the first step."""
+    bad = np.flatnonzero(~np.isfinite(xyz).all(axis=1))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"{where(i)} has a non-finite position {tuple(xyz[i].tolist())}; "
+                         f"{len(bad)} of the {len(xyz)} points do")
 
 
 def read_points3d_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -249,7 +263,7 @@ def read_images_txt(path: Path) -> dict[int, ColmapImage]:
 
 def read_points3d_txt_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks]:
     """(xyz [P, 3] float64, rgb [P, 3] uint8, the tracks)."""
-    xyz, rgb, rows, seen = [], [], [], []
+    xyz, rgb, rows, seen, linenos = [], [], [], [], []
     for lineno, line in _text_lines(path):
         if not line:
             continue
@@ -268,8 +282,10 @@ def read_points3d_txt_tracks(path: Path) -> tuple[np.ndarray, np.ndarray, Tracks
             rows.append(np.full(len(ids), len(xyz), dtype=np.int64))
         xyz.append(v[1:4])
         rgb.append(v[4:7])
-    return (np.array(xyz, dtype=np.float64).reshape(-1, 3),
-            np.array(rgb, dtype=np.uint8).reshape(-1, 3), _tracks(rows, seen))
+        linenos.append(lineno)
+    points = np.array(xyz, dtype=np.float64).reshape(-1, 3)
+    _check_finite_points(points, lambda i: f"{path}:{linenos[i]}: 3D point {i}")
+    return points, np.array(rgb, dtype=np.uint8).reshape(-1, 3), _tracks(rows, seen)
 
 
 def read_model(

@@ -20,6 +20,7 @@ from .frames import (
     Frame,
     SceneDataset,
     cameras_extent,
+    check_finite_scene,
     image_to_tensors,
     look_at_point,
     split_every,
@@ -124,7 +125,8 @@ def load_dataset(
         raise ValueError(f"downscale must be an integer >= 1, got {downscale!r}")
     if not isinstance(test_every, int) or test_every < -1:
         raise ValueError(f"test_every must be an integer >= -1, got {test_every!r}")
-    return _layout(Path(path)).load(
+    dataset = _layout(Path(path)).load(
         path, downscale=downscale, white_background=white_background, test_every=test_every,
         masks_dir=masks_dir or None, log=log,
     )
+    return check_finite_scene(dataset, path)  # before any run folder is made

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from ..io.images import open_image
 
 MASK_SUFFIX = ".png"
 
@@ -93,6 +95,31 @@ class SceneDataset:
     extras: dict | None = None
 
 
+def check_finite_scene(dataset: SceneDataset, source: str | Path) -> SceneDataset:
+    """``dataset``, checked to hold only finite poses, intrinsics and points (the readers
+    check their files' numbers; this catches what a computation of them made, such as the
+    inverse of a nearly singular pose), so that a bad number stops the load, not the first
+    step of a run.
+
+    Raises:
+        ValueError: naming ``source``, the first frame or point that is not finite, and what.
+    """
+    for split in ("train", "test"):
+        for f in getattr(dataset, split):
+            for what, t in (("world-to-camera matrix", f.viewmat), ("intrinsics K", f.K)):
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"{source}: {split} view '{f.name}' has a non-finite "
+                                     f"{what}: {t.tolist()}")
+    for what, pts in (("position", dataset.points), ("colour", dataset.points_rgb)):
+        if pts is not None:
+            bad = torch.nonzero(~torch.isfinite(pts).all(dim=1))
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(f"{source}: initial point {i} has a non-finite {what} "
+                                 f"{pts[i].tolist()}")
+    return dataset
+
+
 def split_every(names: list[str], test_every: int) -> tuple[list[int], list[int]]:
     """Indices (train, test) of ``names`` sorted by name; test = every ``test_every``-th."""
     order = sorted(range(len(names)), key=lambda i: names[i])
@@ -157,12 +184,13 @@ def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str,
                 found[name] = cand
                 break
     used = {p.resolve() for p in found.values()}
+    stems: dict[Path, set[str]] = {}  # folder -> what its files' names start with before a dot
     for path in sorted(masks_dir.rglob("*")):
         if not path.is_file() or path.name.startswith(".") or path.resolve() in used:
             continue
         base = path.relative_to(masks_dir).as_posix().removesuffix(MASK_SUFFIX)
         image = images_dir / base
-        if image.is_file() or any(p.is_file() for p in image.parent.glob(image.name + ".*")):
+        if image.is_file() or image.name in _stems(image.parent, stems):
             continue  # the mask of an image the model did not register
         near = difflib.get_close_matches(base, names, n=1)
         hint = f" (image {images_dir / near[0]} would take mask " \
@@ -173,6 +201,15 @@ def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str,
             f"{MASK_SUFFIX}{hint}"
         )
     return found
+
+
+def _stems(folder: Path, cache: dict[Path, set[str]]) -> set[str]:
+    """Every ``s`` for which ``folder`` holds a file ``s.*`` (``a`` and ``a.b`` for
+    ``a.b.jpg``): the folder is listed once, not once per mask (quadratic in the masks)."""
+    if folder not in cache:
+        names = [p.name for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        cache[folder] = {n[:i] for n in names for i, c in enumerate(n) if c == "."}
+    return cache[folder]
 
 
 def read_mask(path: Path, image_file: Path, image_size: tuple[int, int],
@@ -186,12 +223,9 @@ def read_mask(path: Path, image_file: Path, image_size: tuple[int, int],
     Raises:
         ValueError: the file is not an image, or its size is not the image's (naming both).
     """
-    try:
-        with Image.open(path) as pil:
-            pil.load()
-            grey = np.asarray(pil.convert("L"))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot read mask {path} of image {image_file}: {e}") from e
+    with open_image(path, f"mask {path} of image {image_file}") as pil:
+        pil.load()
+        grey = np.asarray(pil.convert("L"))
     h, w = grey.shape
     if (w, h) != tuple(image_size):
         raise ValueError(

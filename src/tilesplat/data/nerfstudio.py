@@ -25,7 +25,6 @@ set, or ``OPENCV_FISHEYE``) and is trained as :mod:`.undistort` says, like a COL
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..io.json_file import read_json
 from .blender import blender_c2w_to_viewmat
 from .frames import SceneDataset, cameras_extent, mask_files, split_every
 from .ply_points import read_ply_points
@@ -117,14 +117,33 @@ def _camera(meta: dict, fr: dict, where: str) -> Camera:
     return Camera("OPENCV", int(w), int(h), (fx, fy, cx, cy, k1, k2, p1, p2))
 
 
-def read_transforms_json(path: Path) -> dict[str, Any]:
-    """The parsed file, checked to hold a non-empty ``frames`` list of objects."""
-    if not path.is_file():
-        raise FileNotFoundError(f"nerfstudio transforms file not found: {path}")
+def _poses(frames: list[dict], rel: list[str], tf: Path) -> np.ndarray:
+    """[F, 4, 4] float64: the frames' ``transform_matrix`` (3x4 ones completed), each checked
+    to be a finite 3x4 or 4x4 matrix (the first that is not named).
+
+    One array for all frames when they have one shape (the common case: numbers only, and
+    linear in the frames at NumPy's speed), else frame by frame."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a valid JSON file ({e})") from e
+        mats = np.asarray([fr["transform_matrix"] for fr in frames], dtype=np.float64)
+    except (TypeError, ValueError):  # ragged (3x4 and 4x4 mixed) or not numbers
+        mats = None
+    if (mats is None or mats.ndim != 3 or mats.shape[1:] not in ((3, 4), (4, 4))
+            or not np.isfinite(mats).all()):
+        return np.stack([
+            _matrix(f"{tf}: frame {i} ({name})", "transform_matrix", fr["transform_matrix"],
+                    (3, 4))
+            for i, (fr, name) in enumerate(zip(frames, rel, strict=True))
+        ])
+    if mats.shape[1] == 3:
+        mats = np.concatenate([mats, np.broadcast_to([0.0, 0.0, 0.0, 1.0], (len(mats), 1, 4))],
+                              axis=1)
+    return mats
+
+
+def read_transforms_json(path: Path) -> dict[str, Any]:
+    """The parsed file, checked to hold a non-empty ``frames`` list of objects (the file is
+    untrusted: :func:`..io.json_file.read_json` bounds its size and nesting)."""
+    meta = read_json(path, "nerfstudio transforms file")  # size and nesting bounded
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
         raise ValueError(f"{path}: expected an object with a non-empty 'frames' list")
     for i, fr in enumerate(meta["frames"]):
@@ -155,7 +174,8 @@ def _split(meta: dict, names: list[str], test_every: int, path: Path) -> tuple[l
         return out[0], out[1]
     n = len(names)
     train = sorted(set(np.linspace(0, n - 1, math.ceil(n * TRAIN_FRACTION)).astype(int).tolist()))
-    return train, [i for i in range(n) if i not in set(train)]
+    chosen = set(train)  # once: a set per frame made the split quadratic in the frames
+    return train, [i for i in range(n) if i not in chosen]
 
 
 def _user_masks(masks_dir: Path, rel: list[str], root: Path) -> dict[str, Path]:
@@ -200,12 +220,19 @@ def load_nerfstudio(
             raise ValueError(f"{tf}: applied_transform must be rigid (a rotation and a shift)")
         undo = np.linalg.inv(applied)
     user_masks = _user_masks(Path(masks_dir), rel, root) if masks_dir else None
+    c2w = undo @ _poses(frames, rel, tf)  # [F, 4, 4]
+    singular = np.flatnonzero(np.abs(np.linalg.det(c2w[:, :3, :3])) < 1e-8)
+    if len(singular):
+        i = int(singular[0])
+        raise ValueError(f"{tf}: frame {i} ({rel[i]}): transform_matrix is singular")
+    viewmats = blender_c2w_to_viewmat(c2w)
+    # a camera whose fields are all at the top level is every frame's: made once
+    own_lens = [k for k in ("camera_model", *LENS_KEYS, *DISTORTION_KEYS) if k not in meta]
+    shared: Camera | None = None
+    images_n = root / f"images_{downscale}"
     shots, depth = [], {}
     for i, (fr, name) in enumerate(zip(frames, rel, strict=True)):
         where = f"{tf}: frame {i} ({name})"
-        c2w = undo @ _matrix(where, "transform_matrix", fr["transform_matrix"], (3, 4))
-        if abs(np.linalg.det(c2w[:3, :3])) < 1e-8:
-            raise ValueError(f"{where}: transform_matrix is singular")
         image_file = root / name
         if user_masks is not None:
             mask = user_masks.get(name)
@@ -214,17 +241,23 @@ def load_nerfstudio(
             if mask is not None and not mask.is_file():
                 raise FileNotFoundError(f"{where}: mask_path {mask} not found")
         if "depth_file_path" in fr:
-            depth[Path(name).stem] = root / str(fr["depth_file_path"])
-        small = root / f"images_{downscale}" / image_file.name
-        small_mask = root / f"masks_{downscale}" / mask.name if mask is not None else None
+            depth[image_file.stem] = root / str(fr["depth_file_path"])
+        if any(k in fr for k in own_lens):
+            camera = _camera(meta, fr, where)
+        else:
+            camera = shared = _camera(meta, fr, where) if shared is None else shared
+        downscaled = None  # images_N/ and masks_N/ serve a downscale > 1 only
+        if downscale > 1:
+            small_mask = root / f"masks_{downscale}" / mask.name if mask is not None else None
+            downscaled = {downscale: (images_n / image_file.name, small_mask)}
         shots.append(Shot(
-            name=Path(name).stem,
+            name=image_file.stem,
             key=name,
             image_file=image_file,
-            camera=_camera(meta, fr, where),
-            viewmat=blender_c2w_to_viewmat(c2w),
+            camera=camera,
+            viewmat=viewmats[i],
             mask_file=mask,
-            downscaled={downscale: (small, small_mask)},
+            downscaled=downscaled,
         ))
     # everything that can fail before the images are read (and undistorted into the cache)
     tr, te = _split(meta, rel, test_every, tf)

@@ -84,10 +84,21 @@ def read_ply_points(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
         arr = np.frombuffer(raw, dtype=dtype, count=count, offset=body)
         col = {n: arr[n].astype(np.float64) for n in names}
     xyz = np.stack([col["x"], col["y"], col["z"]], -1)
-    if not np.isfinite(xyz).all():
-        raise ValueError(f"{path}: vertex positions must be finite")
+    _check_finite(path, xyz, "position")
     rgb = None
     if {"red", "green", "blue"} <= set(names):
-        rgb = np.clip(np.stack([col["red"], col["green"], col["blue"]], -1), 0, 255)
-        rgb = rgb.astype(np.uint8)
+        rgb = np.stack([col["red"], col["green"], col["blue"]], -1)
+        _check_finite(path, rgb, "colour")  # float colours: NaN would cast to any byte
+        rgb = np.clip(rgb, 0, 255).astype(np.uint8)
     return xyz, rgb
+
+
+def _check_finite(path: Path, values: np.ndarray, what: str) -> None:
+    """Raises ValueError naming the first vertex of ``values`` [P, 3] with a NaN or infinite
+    ``what`` (its position, its colour)."""
+    bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"{path}: vertex {i} has a non-finite {what} "
+                         f"{tuple(values[i].tolist())}; {len(bad)} of the {len(values)} "
+                         "vertices do")

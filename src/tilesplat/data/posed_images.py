@@ -85,7 +85,8 @@ def _read(image_file: Path, mask_file: Path | None, size: tuple[int, int]
     keep = None
     if mask_file is not None:
         # a mask of the loaded size (masks_N/) or of the image file's
-        ref = size if image_size(mask_file) == size else full
+        mask_size = image_size(mask_file, f"mask {mask_file} of image {image_file}")
+        ref = size if mask_size == size else full
         keep = read_mask(mask_file, image_file, ref, size)
     return img, keep
 

@@ -1,7 +1,18 @@
-"""Image files: read any Pillow-readable image as float32, write PNGs atomically."""
+"""Image files: read any Pillow-readable image as float32, write PNGs atomically.
+
+The files are a user's and untrusted: a header may declare any size, and the pixels it
+declares are what decoding allocates. Pillow refuses an image of more than twice
+``PIL.Image.MAX_IMAGE_PIXELS`` (~179 million pixels) before decoding anything, as a
+decompression bomb; :func:`open_image` turns that refusal into one line naming the file and
+its declared size (and leaves Pillow's limit as it is: it is the process's, not ours).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +63,45 @@ def write_png(path: str | Path, image: torch.Tensor | np.ndarray, compress_level
     return path
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def declared_size(path: Path, refusal: str) -> str:
+    """The size an image file declares, for a message: ``WxH (N pixels)`` from a PNG's IHDR
+    chunk, else the ``N pixels`` of Pillow's ``refusal`` message."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] == _PNG_SIGNATURE and head[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", head[16:24])
+        return f"{w}x{h} ({w * h} pixels)"
+    pixels = re.search(r"\((\d+) pixels\)", refusal)
+    return f"{pixels.group(1)} pixels" if pixels else "a size"
+
+
+@contextlib.contextmanager
+def open_image(path: Path, what: str = "") -> Iterator[Image.Image]:
+    """``PIL.Image.open(path)`` as a context manager; any failure to open or decode inside the
+    block is a ``ValueError`` naming the file (``what``: the file as the message names it;
+    default ``image <path>``).
+
+    Raises:
+        ValueError: not an image Pillow reads, truncated or corrupt, or declaring more pixels
+            than Pillow decodes (naming the declared size).
+    """
+    what = what or f"image {path}"
+    try:
+        with Image.open(path) as pil:
+            yield pil
+    except Image.DecompressionBombError as e:  # raised from the header, before decoding
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise ValueError(
+            f"cannot read {what}: it declares {declared_size(path, str(e))}, more than "
+            f"the {limit} pixels an image may have"
+        ) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"cannot read {what}: {e}") from e
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """Read an image file as float32 [H, W, C] in [0, 1].
 
@@ -60,30 +110,29 @@ def read_image(path: str | Path) -> np.ndarray:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is not a readable image (corrupt, truncated, unknown format).
+        ValueError: the file is not a readable image (corrupt, truncated, unknown format,
+            or declaring more pixels than Pillow decodes).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
-    try:
-        with Image.open(path) as pil:
-            pil.load()
-            if pil.mode in ("I;16", "I;16B", "I;16L", "I"):
-                grey = np.asarray(pil, dtype=np.float64) / 65535.0
-                arr = np.repeat(np.clip(grey, 0.0, 1.0)[:, :, None], 3, axis=2)
-                return arr.astype(np.float32)
-            has_alpha = pil.mode in ("RGBA", "LA", "PA") or (
-                pil.mode == "P" and "transparency" in pil.info
-            )
-            rgb = pil.convert("RGBA" if has_alpha else "RGB")
-            arr = np.asarray(rgb, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
+    with open_image(path) as pil:
+        pil.load()
+        if pil.mode in ("I;16", "I;16B", "I;16L", "I"):
+            grey = np.asarray(pil, dtype=np.float64) / 65535.0
+            arr = np.repeat(np.clip(grey, 0.0, 1.0)[:, :, None], 3, axis=2)
+            return arr.astype(np.float32)
+        has_alpha = pil.mode in ("RGBA", "LA", "PA") or (
+            pil.mode == "P" and "transparency" in pil.info
+        )
+        rgb = pil.convert("RGBA" if has_alpha else "RGB")
+        arr = np.asarray(rgb, dtype=np.uint8)
     return arr.astype(np.float32) / np.float32(255.0)
 
 
-def image_size(path: str | Path) -> tuple[int, int]:
-    """(width, height) of an image file, read from its header only.
+def image_size(path: str | Path, what: str = "") -> tuple[int, int]:
+    """(width, height) of an image file, read from its header only (``what``: the file as
+    a message names it, as :func:`open_image` takes it).
 
     Raises:
         FileNotFoundError / ValueError naming the file, as :func:`read_image`.
@@ -91,11 +140,8 @@ def image_size(path: str | Path) -> tuple[int, int]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
-    try:
-        with Image.open(path) as pil:
-            return pil.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot read image {path}: {e}") from e
+    with open_image(path, what) as pil:
+        return pil.size
 
 
 def resize_image(image: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -154,6 +154,9 @@ def config_from_dict(
     return (base or TrainConfig()).replace(**updates).validate()
 
 
+MAX_CONFIG_BYTES = 1 << 20  # ~10,000 times a config that sets every key
+
+
 def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
     """Read a TOML config file over ``base`` (default: the defaults) and validate it.
 
@@ -164,10 +167,17 @@ def load_config(path: str | Path, base: TrainConfig | None = None) -> TrainConfi
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:  # the file is a user's: bound what parsing it allocates
+        raise ValueError(f"{path}: a config file of {size} bytes; at most {MAX_CONFIG_BYTES} "
+                         "are read")
     try:
         values = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a valid TOML file ({exc})") from exc
+    except RecursionError:  # tomllib recurses once per level of nested arrays or tables
+        raise ValueError(f"{path}: not a valid config: its values are nested deeper than "
+                         "the TOML reader follows") from None
     return config_from_dict(values, base, where=str(path))
 
 

@@ -59,7 +59,7 @@ def served_params(ckpt: dict[str, Any]) -> dict[str, Tensor]:
     """
     params = ckpt["params"]
     averaged = ckpt.get("averaged")
-    if not averaged:
+    if averaged is None or (isinstance(averaged, dict) and not averaged):  # none (yet) kept
         return params
     saved = averaged.get("params") if isinstance(averaged, dict) else None
     if not isinstance(saved, dict) or not isinstance(params, dict):
@@ -149,7 +149,7 @@ class ParamAverage:
         Raises:
             ValueError: the state does not fit ``params`` (names, shapes) or is not finite.
         """
-        if not state:
+        if state is None or (isinstance(state, dict) and not state):
             self.average, self._follows, self.steps = None, {}, 0
             return
         if not isinstance(state, dict):

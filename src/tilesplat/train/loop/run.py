@@ -18,6 +18,7 @@ Layout of ``runs/<name>/``::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,7 @@ from ..config import TrainConfig, apply_overrides, load_config, save_config
 from ..features.averaging import served_params
 from ..features.base import checkpoint_features, trained_dataset
 from ..parallel import for_ranks, parallel_mode
-from ..rundir.checkpoint import (
-    checkpoint_config,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-)
+from ..rundir.checkpoint import latest_checkpoint, list_checkpoints, open_checkpoint
 from ..rundir.evaluate import evaluate
 from ..rundir.outputs import write_outputs
 from ..rundir.scene import load_scene, scene_name
@@ -47,16 +43,21 @@ Log = Callable[[str], None]
 
 def checked_config(path: str | Path, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """The config of a TOML file with ``--set`` overrides, validated as ``tilesplat check``
-    does (keys, types, ranges, and the dataset folder's layout); (config, layout).
+    does (keys, types, ranges, the dataset folder's layout, and a ``run_dir`` that can be a
+    folder); (config, layout).
 
     Raises:
         FileNotFoundError: no such config file or dataset folder.
-        ValueError: an invalid key or value (the message names the file).
+        ValueError: an invalid key or value (the message names the file), or a ``run_dir``
+            where a file is.
     """
     from ...data.dataset import detect_layout
 
     cfg = apply_overrides(load_config(path), list(overrides or []))
     layout = detect_layout(cfg.data) if cfg.data else "built-in synthetic scene"
+    problem = run_dir_problem(Path(cfg.run_dir)) if cfg.run_dir else None
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return cfg, layout
 
 
@@ -65,10 +66,30 @@ KEYS = (Key("run_dir", "", "output folder of the run; empty: runs/<scene name> (
 seams.register_keys("the run folder (train/loop/run.py)", KEYS)
 
 
+def run_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot become a run folder, or None: something other than a folder is
+    there or where one of its parents would be made, or the folder it would be made in is
+    not writable."""
+    if path.is_symlink() or path.exists():
+        return None if path.is_dir() else f"run_dir {path}: expected a folder, found a file"
+    above = path.parent
+    while not (above.is_symlink() or above.exists()):  # ends at "/" or "."
+        above = above.parent
+    if not above.is_dir():
+        return f"run_dir {path}: expected a folder, but {above} is a file"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"run_dir {path}: the folder {above} it would be made in is not writable"
+    return None
+
+
 def new_run_dir(cfg: TrainConfig) -> Path:
-    """``run_dir`` if given (refused when it holds a run), else a fresh ``runs/<scene>[-k]``."""
+    """``run_dir`` if given (refused when it holds a run, or cannot be a folder: a file is
+    there), else a fresh ``runs/<scene>[-k]``; nothing is made yet."""
     if cfg.run_dir:
         path = Path(cfg.run_dir)
+        problem = run_dir_problem(path)
+        if problem:
+            raise ValueError(problem)
         if list_checkpoints(path):
             raise ValueError(
                 f"{path} already holds a run: continue it with --resume {path} "
@@ -77,9 +98,12 @@ def new_run_dir(cfg: TrainConfig) -> Path:
         return path
     base = Path("runs") / scene_name(cfg)
     path, k = base, 1
-    while path.exists():
+    while path.is_symlink() or path.exists():
         k += 1
         path = base.with_name(f"{base.name}-{k}")
+    problem = run_dir_problem(path)  # runs/ itself may be a file, or not writable
+    if problem:
+        raise ValueError(problem)
     return path
 
 
@@ -94,11 +118,11 @@ def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]
     par.barrier()
     if par.rank != 0:
         dataset = load_scene(cfg, log)
-    if par.writes:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.toml")
     log(f"run folder {run_dir}: {len(dataset.train)} train / {len(dataset.test)} test views")
     trainer = Trainer(cfg, dataset, run_dir, log=log)
+    if par.writes:  # after the trainer's own checks: a refused run leaves no folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
     log(f"{trainer.n_gaussians} initial Gaussians, {cfg.steps} steps")
     trainer.train()
     return run_dir, _finish(trainer, run_dir, cfg, dataset)
@@ -113,7 +137,8 @@ def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDat
         return {}
     dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
     return write_outputs(
-        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed
+        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed,
+        log=trainer.log,
     )
 
 
@@ -132,27 +157,30 @@ def resume_run(
     checkpoint holds the whole model, so the number of ranks may differ from the run's.
     """
     run_dir = Path(run_dir)
-    path = latest_checkpoint(run_dir)
-    ckpt = load_checkpoint(path)
-    cfg = checkpoint_config(ckpt)
+    run = open_checkpoint(latest_checkpoint(run_dir))  # every field checked before any work
+    cfg, ckpt, path = run.cfg, run.ckpt, run.path
     given = apply_overrides(cfg, list(overrides or []))
     given = for_ranks(given) if several_ranks else given
-    if given != cfg:
-        cfg = given
-        if parallel_mode(cfg).writes:
-            save_config(cfg, run_dir / "config.toml")
+    changed, cfg = given != cfg, given
     dataset = load_scene(cfg, log)
     trainer = Trainer(cfg, dataset, run_dir, checkpoint=ckpt, log=log)
+    if changed and parallel_mode(cfg).writes:  # once the data and the checkpoint are taken
+        save_config(cfg, run_dir / "config.toml")
     log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
     trainer.train()
     return run_dir, _finish(trainer, run_dir, cfg, dataset)
 
 
 def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
-    """(config, parameters, checkpoint) of a run's newest checkpoint."""
-    ckpt = load_checkpoint(latest_checkpoint(run_dir))
-    params = {k: v.float() for k, v in served_params(ckpt).items()}
-    return checkpoint_config(ckpt), params, ckpt
+    """(config, parameters, checkpoint) of a run's newest checkpoint, every field checked.
+
+    Raises:
+        FileNotFoundError: no such folder, or no checkpoint in it.
+        ValueError: ``run_dir`` is a file, or the checkpoint is malformed (naming it).
+    """
+    run = open_checkpoint(latest_checkpoint(run_dir))
+    params = {k: v.float() for k, v in served_params(run.ckpt).items()}
+    return run.cfg, params, run.ckpt
 
 
 def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
@@ -162,7 +190,8 @@ def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
     dataset = load_scene(cfg, log)
     dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     return write_outputs(
-        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed")
+        run_dir, cfg, dataset, params, ckpt.get("history"), int(ckpt["step"]), ckpt.get("elapsed"),
+        log=log,
     )
 
 

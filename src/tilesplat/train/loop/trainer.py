@@ -38,11 +38,13 @@ from ..models.splats import make_optimizers, make_params, restore_model
 from ..parallel import parallel_mode
 from ..rundir.checkpoint import (
     CHECKPOINT_FORMAT,
+    check_checkpoint,
     checkpoint_path,
     prune_checkpoints,
     save_checkpoint,
 )
 from ..rundir.history import TrainingLog
+from ..rundir.outputs import listed
 from ..step.batch import CameraOrder, make_batch
 from ..step.capacity import StepCapacity, capacity_applies, count_views
 from ..step.cuda_graph import CudaGraphMaker, graph_unavailable, plain_rates
@@ -143,6 +145,7 @@ class Trainer:
             else:  # the step as one CUDA graph (train/step/cuda_graph.py)
                 self.steps.use_graph(CudaGraphMaker())
         self.board = NO_BOARD  # TensorBoard's events while train() runs (tensorboard.py)
+        self._nulled = 0  # the undefined numbers of history.json the log has named
 
     def _pre_backward(self, step: int, info: dict[str, Any]) -> None:
         """The strategy's hook after the render (gsplat's ``step_pre_backward``)."""
@@ -225,10 +228,10 @@ class Trainer:
         return state
 
     def _load_state(self, ckpt: dict[str, Any]) -> None:
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"checkpoint format {ckpt.get('format')!r} is not {CHECKPOINT_FORMAT!r}"
-            )
+        try:  # every field, before any is used (open_checkpoint has named the file)
+            check_checkpoint(ckpt)
+        except ValueError as exc:
+            raise ValueError(f"checkpoint: {exc}") from None
         self.step = int(ckpt["step"])
         self.scene_scale = float(ckpt["scene_scale"])
         params, optimizers = restore_model(ckpt, self.cfg, self.device)
@@ -245,7 +248,11 @@ class Trainer:
             # CPU has no such state: the GPU's generator starts from the seed and the step
             rng = ckpt.get("cuda_rng")
             if isinstance(rng, Tensor):
-                torch.cuda.set_rng_state(rng, self.device)
+                try:
+                    torch.cuda.set_rng_state(rng, self.device)
+                except RuntimeError as exc:  # the state of another kind of generator
+                    raise ValueError(f"checkpoint: cuda_rng does not fit this GPU's generator "
+                                     f"({exc})") from None
             else:
                 with torch.cuda.device(self.device):
                     torch.cuda.manual_seed(self.cfg.seed * 1_000_003 + self.step)
@@ -263,7 +270,11 @@ class Trainer:
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         for feature in self.features:
             feature.write(self.run_dir)
-        self.training_log.write(self.run_dir / "history.json")
+        nulled = self.training_log.write(self.run_dir / "history.json")
+        if len(nulled) > self._nulled:  # said once for each new undefined number
+            self.log(f"history.json: undefined or infinite numbers written as null (a PSNR "
+                     f"where no pixel counted, or of a perfect render): {listed(nulled)}")
+            self._nulled = len(nulled)
         return path
 
     # --- one step ------------------------------------------------------------------------

@@ -161,6 +161,46 @@ def activated(params: Params | dict[str, Tensor]) -> dict[str, Tensor]:
     }
 
 
+def check_optimizer_states(states: object, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Checks a checkpoint's Adam states (one per parameter, as ``state_dict()`` gives them)
+    against the parameters' ``shapes``: one param group, moments ``exp_avg`` and
+    ``exp_avg_sq`` finite float tensors of the parameter's shape, ``step`` a number.
+
+    Raises:
+        ValueError: naming the first state that is missing or malformed.
+    """
+    if not isinstance(states, dict):
+        raise ValueError("the checkpoint holds no optimizer states")
+    for name, shape in shapes.items():
+        st = states.get(name)
+        if (not isinstance(st, dict) or not isinstance(st.get("state"), dict)
+                or not isinstance(st.get("param_groups"), list) or len(st["param_groups"]) != 1
+                or not isinstance(st["param_groups"][0], dict)):
+            raise ValueError(f"the checkpoint has no optimizer state for {name!r} (a dict of "
+                             "'state' and one of 'param_groups')")
+        for moments in st["state"].values():
+            if not isinstance(moments, dict):
+                raise ValueError(f"optimizer state of {name!r}: expected a dict of moments, "
+                                 f"got {type(moments).__name__}")
+            for key in ("exp_avg", "exp_avg_sq"):
+                m = moments.get(key)
+                if m is None:
+                    continue
+                if (not isinstance(m, Tensor) or not m.is_floating_point()
+                        or tuple(m.shape) != tuple(shape)):
+                    got = list(m.shape) if isinstance(m, Tensor) else type(m).__name__
+                    raise ValueError(f"optimizer state {name}.{key} is {got}, expected a float "
+                                     f"tensor of shape {list(shape)}")
+                if not bool(torch.isfinite(m).all()):
+                    raise ValueError(f"optimizer state {name}.{key} holds NaN or infinite values")
+            step = moments.get("step", 0)
+            if isinstance(step, Tensor):
+                step = step.item() if step.numel() == 1 else None
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or not step >= 0:
+                raise ValueError(f"optimizer state {name}.step must be a number >= 0, got "
+                                 f"{moments.get('step')!r}")
+
+
 def restore_model(
     ckpt: dict[str, Any], cfg: TrainConfig, device: torch.device | str = "cpu"
 ) -> tuple[Params, Optimizers]:
@@ -172,19 +212,10 @@ def restore_model(
     params = make_params(ckpt["params"], device=device)
     optimizers = make_optimizers(params, cfg, float(ckpt["scene_scale"]))
     states = ckpt.get("optimizers")
-    if not isinstance(states, dict):
-        raise ValueError("checkpoint has no optimizer states")
+    check_optimizer_states(states, {k: tuple(p.shape) for k, p in params.items()})
     for name, opt in optimizers.items():
-        st = states.get(name)
-        if not isinstance(st, dict) or not isinstance(st.get("state"), dict):
-            raise ValueError(f"checkpoint has no optimizer state for {name!r}")
-        for moments in st["state"].values():
-            for key in ("exp_avg", "exp_avg_sq"):
-                m = moments.get(key) if isinstance(moments, dict) else None
-                if m is not None and (not isinstance(m, Tensor) or m.shape != params[name].shape):
-                    raise ValueError(f"optimizer state {name}.{key} does not match the parameter")
         try:
-            opt.load_state_dict(st)  # moves the moments to the parameter's device
+            opt.load_state_dict(states[name])  # moves the moments to the parameter's device
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"optimizer state of {name!r} does not load: {exc}") from None
     return params, optimizers

@@ -90,7 +90,8 @@ def evaluate(
 
     Returns:
         ``psnr``, ``ssim``, ``cc_psnr``, ``cc_ssim`` (and ``lpips``) averaged over the views,
-        ``masked_psnr`` and ``masked_ssim`` over the views with masks (``train/step/masks.py``),
+        ``masked_psnr`` and ``masked_ssim`` over the views with masks (``train/step/masks.py``;
+        over those where they are defined, None where none is),
         ``seconds_per_view``, ``n_views``, and ``views``: the per-view numbers.
     """
     if not frames:
@@ -136,8 +137,9 @@ def evaluate(
     out: dict[str, Any] = {}
     for key in METRICS:  # the masked ones over the views with masks
         have = [v[key] for v in views if key in v]
+        defined = [x for x in have if x is not None]  # None: the view counted no pixel
         if have:
-            out[key] = sum(have) / len(have)
+            out[key] = sum(defined) / len(defined) if defined else None
     out["n_views"] = len(views)
     out["seconds_per_view"] = render_time / len(views)
     out["views"] = views

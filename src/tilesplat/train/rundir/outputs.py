@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from ...data.dataset import SceneDataset
 from ...io.atomic import atomic_write_bytes
+from ...io.json_file import strict_json_bytes
 from ...keys import Key
 from .. import seams
 from ..config import TrainConfig
@@ -29,6 +31,11 @@ KEYS = (
 seams.register_keys("outputs (train/rundir/outputs.py)", KEYS)
 
 
+def _value(x: float | None, digits: int, unit: str = "") -> str:
+    """A metric for the closing line; ``undefined`` for None (no pixel counted)."""
+    return "undefined" if x is None else f"{x:.{digits}f}{unit}"
+
+
 def summary(run_dir: object, metrics: dict) -> str:
     """The closing line of a run: test PSNR first, since it is what the README promises."""
     parts = [f"{metrics['split']} PSNR {metrics['psnr']:.2f} dB", f"SSIM {metrics['ssim']:.4f}"]
@@ -37,7 +44,7 @@ def summary(run_dir: object, metrics: dict) -> str:
     if "lpips" in metrics:
         parts.append(f"LPIPS {metrics['lpips']:.4f}")
     if "masked_psnr" in metrics:
-        parts.append(f"masked PSNR {metrics['masked_psnr']:.2f} dB")
+        parts.append(f"masked PSNR {_value(metrics['masked_psnr'], 2, ' dB')}")
     secs = metrics.get("train_seconds") or 0.0
     parts.append(
         f"{metrics['n_views']} views, {metrics['n_gaussians']} Gaussians, "
@@ -54,8 +61,14 @@ def write_outputs(
     history: dict[str, list[float]] | None,
     step: int,
     train_seconds: float | None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Evaluate on the test views and write metrics.json, renders, curve.png, the PLY."""
+    """Evaluate on the test views and write metrics.json, renders, curve.png, the PLY.
+
+    A metric that counted no pixel (a mask that hides every pixel of a view) is None, and an
+    infinite one (the PSNR of a render equal to its image) is not JSON: both are written as
+    ``null``, and ``log`` names them.
+    """
     split = "test" if dataset.test else "train"
     frames = dataset.test or dataset.train
     lpips_fn = make_lpips() if cfg.lpips else None
@@ -72,12 +85,35 @@ def write_outputs(
         "peak_rss_mib": peak_rss_mib(),
         "views": result["views"],
     }
-    atomic_write_bytes(run_dir / "metrics.json", json.dumps(metrics, indent=1).encode("utf-8"))
+    data, _ = strict_json_bytes(metrics)
+    undefined = _undefined(metrics)
+    if undefined:
+        log(f"metrics.json: undefined (no pixel counted) or infinite metrics written as null: "
+            f"{listed(undefined)}")
+    atomic_write_bytes(run_dir / "metrics.json", data)
     if history is not None:
         save_curve(history, run_dir / "curve.png")
     if cfg.save_ply:
         export_ply(model_kind(cfg).export(params), run_dir / "point_cloud.ply", cfg.antialiased)
     return metrics
+
+
+def listed(names: list[str], most: int = 6) -> str:
+    """``names`` joined with commas: the first ``most`` of them, and how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def _undefined(metrics: dict[str, Any]) -> list[str]:
+    """The metrics of :data:`.evaluate.METRICS` that are None or not finite: ``masked_psnr``
+    (the mean over the views), ``masked_psnr of view_003``."""
+    def bad(x: object) -> bool:
+        return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+    found = [k for k in METRICS if k in metrics and bad(metrics[k])]
+    for view in metrics.get("views", []):
+        found += [f"{k} of {view.get('name')}" for k in METRICS if k in view and bad(view[k])]
+    return found
 
 
 def peak_rss_mib() -> float | None:

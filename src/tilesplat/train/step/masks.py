@@ -16,7 +16,9 @@ without masks, so the step and the evaluation call them unconditionally.
   seen by that camera (its radius there is set to 0, or its entry dropped when packed): it
   got no gradient from that view, and counting it would dilute its mean gradient.
 - Metrics: ``masked_psnr`` is the PSNR over the kept pixels, ``masked_ssim`` the mean of the
-  SSIM map over the windows centred on kept pixels, for the views that have masks.
+  SSIM map over the windows centred on kept pixels, for the views that have masks; None
+  (``null`` in metrics.json) when they count no pixel. The training log's PSNR of a step
+  whose views' masks keep no pixel is NaN, and left out of the logged mean.
 """
 
 from __future__ import annotations
@@ -74,13 +76,16 @@ def photometric_loss(
 
 @torch.no_grad()
 def squared_error(render: Tensor, target: Tensor, masks: Tensor | None) -> Tensor:
-    """Mean squared error over the kept pixels, a float64 [] tensor on the images' device.
+    """Mean squared error over the kept pixels, a float64 [] tensor on the images' device
+    (not read back); NaN when the masks keep no pixel (a mean over nothing is undefined).
     render, target: [C, H, W, 3]."""
     diff = (render.double() - target.double()) ** 2
     if masks is None:
         return diff.mean()
     keep = masks[..., None]
-    return torch.where(keep, diff, 0.0).sum() / (keep.sum().clamp_min(1) * diff.shape[-1])
+    kept = keep.sum()
+    mean = torch.where(keep, diff, 0.0).sum() / (kept.clamp_min(1) * diff.shape[-1])
+    return torch.where(kept > 0, mean, torch.nan)
 
 
 @torch.no_grad()
@@ -134,11 +139,15 @@ def exclude_masked(info: dict[str, Any], masks: Tensor | None, key: str) -> dict
 
 
 @torch.no_grad()
-def view_metrics(image: Tensor, target: Tensor, mask: Tensor | None) -> dict[str, float]:
+def view_metrics(image: Tensor, target: Tensor, mask: Tensor | None
+                 ) -> dict[str, float | None]:
     """``masked_psnr`` and ``masked_ssim`` of one view [H, W, 3] over the pixels ``mask``
-    [H, W] keeps; empty for a view without a mask."""
+    [H, W] keeps; empty for a view without a mask. A metric that counts no pixel (a mask
+    that hides every pixel; for the SSIM, every window centre) is undefined: None."""
     if mask is None:
         return {}
+    if not bool(mask.any()):
+        return {"masked_psnr": None, "masked_ssim": None}
     mse = float(squared_error(image[None], target[None], mask[None]))
     smap = ssim_map(image[None].double(), target.nan_to_num(0.0)[None].double(), SSIM_WINDOW,
                     SSIM_SIGMA)  # [1, 3, h, w]
@@ -146,4 +155,4 @@ def view_metrics(image: Tensor, target: Tensor, mask: Tensor | None) -> dict[str
     centre = mask[half: mask.shape[0] - half, half: mask.shape[1] - half]
     kept = smap[0].mean(0)[centre]
     return {"masked_psnr": psnr_of_mse(mse),
-            "masked_ssim": float(kept.mean()) if kept.numel() else float("nan")}
+            "masked_ssim": float(kept.mean()) if kept.numel() else None}
