@@ -14,6 +14,7 @@ LAYER = {
     "sh_rgb": -1,
     "devices": -1,
     "keys": -1,
+    "lookup": -1,
     "command_env": -1,
     "assets": -1,
     "__version__": -1,

@@ -10,11 +10,11 @@ The types (:class:`Frame`, :class:`SceneDataset`) and the loaders' shared helper
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..lookup import module_function
 from .exposure import MARKER as EXPOSURE_MARKER
 from .frames import (
     Frame,
@@ -54,12 +54,8 @@ class Layout:
     @property
     def load(self) -> Callable[..., SceneDataset]:
         """The reader ``load_<module>`` of ``data/<module>.py``."""
-        module = importlib.import_module(f"{__package__}.{self.module}")
-        reader = getattr(module, f"load_{self.module}", None)
-        if reader is None:
-            raise AttributeError(f"data layout {self.name!r}: {module.__name__} has no "
-                                 f"load_{self.module}")  # fmt: skip
-        return reader
+        return module_function(__package__, self.module, f"load_{self.module}",
+                               f"data layout {self.name!r}")
 
 
 # in the order they are tried, one line each

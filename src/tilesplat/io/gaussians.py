@@ -17,7 +17,6 @@ and its module. A module is imported when a file of its format is first read or 
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..lookup import module_function
 from ._checks import SPLAT_KEYS, SplatData
 
 
@@ -36,12 +36,8 @@ class Format(NamedTuple):
     module: str
 
     def _function(self, verb: str) -> Callable:
-        module = importlib.import_module(f"{__package__}.{self.module}")
-        fn = getattr(module, f"{verb}_{self.module}", None)
-        if fn is None:
-            raise AttributeError(f"splat format {self.name!r}: {module.__name__} has no "
-                                 f"{verb}_{self.module}")  # fmt: skip
-        return fn
+        return module_function(__package__, self.module, f"{verb}_{self.module}",
+                               f"splat format {self.name!r}")
 
     def read(self, path: Path) -> SplatData:
         """The format's reader on ``path``."""

@@ -14,8 +14,7 @@ from .validation import (
     check_bool,
     check_choice,
     check_finite,
-    check_positive_int,
-    check_real,
+    check_projection_options,
     check_tensor,
     common_float,
 )
@@ -116,14 +115,8 @@ def fully_fused_projection(
     if opacities is not None:
         check_tensor("opacities", opacities)
         s.check("opacities", opacities, "..., N")
-    width = check_positive_int("width", width)
-    height = check_positive_int("height", height)
-    eps2d = check_real("eps2d", eps2d, 0.0)
-    near_plane = check_real("near_plane", near_plane)
-    far_plane = check_real("far_plane", far_plane)
-    if not far_plane > near_plane:
-        raise ValueError(f"expected far_plane > near_plane, got {far_plane} <= {near_plane}")
-    radius_clip = check_real("radius_clip", radius_clip)
+    width, height, eps2d, near_plane, far_plane, radius_clip = check_projection_options(
+        width, height, eps2d, near_plane, far_plane, radius_clip)
     check_bool("packed", packed)
     check_bool("calc_compensations", calc_compensations)
     check_choice("camera_model", camera_model, CAMERA_MODELS)

@@ -12,6 +12,7 @@ from ..backends.registry import current_backward_scheme, resolve
 from .validation import (
     Shapes,
     as_int32,
+    check_backgrounds_masks,
     check_bool,
     check_finite,
     check_positive_int,
@@ -127,12 +128,7 @@ def rasterize_to_pixels(
         s.check("opacities", opacities, "..., N")
         s.check("isect_offsets", isect_offsets, "..., TH, TW")
     s.check("flatten_ids", flatten_ids, "n")
-    if backgrounds is not None:
-        check_tensor("backgrounds", backgrounds)
-        s.check("backgrounds", backgrounds, "..., D")
-    if masks is not None:
-        check_tensor("masks", masks, "bool")
-        s.check("masks", masks, "..., TH, TW")
+    check_backgrounds_masks(s, backgrounds, masks)
     named = {"means2d": means2d, "conics": conics, "colors": colors, "opacities": opacities,
              "backgrounds": backgrounds, "isect_offsets": isect_offsets,
              "flatten_ids": flatten_ids, "masks": masks}

@@ -14,7 +14,7 @@ from .validation import (
     check_bool,
     check_finite,
     check_positive_int,
-    check_real,
+    check_projection_options,
     check_tensor,
     common_float,
 )
@@ -62,14 +62,8 @@ def fully_fused_projection_2dgs(
     s.check("scales", scales, "..., N, 3")
     s.check("viewmats", viewmats, "..., C, 4, 4")
     s.check("Ks", Ks, "..., C, 3, 3")
-    width = check_positive_int("width", width)
-    height = check_positive_int("height", height)
-    check_real("eps2d", eps2d, 0.0)
-    near_plane = check_real("near_plane", near_plane)
-    far_plane = check_real("far_plane", far_plane)
-    if not far_plane > near_plane:
-        raise ValueError(f"expected far_plane > near_plane, got {far_plane} <= {near_plane}")
-    radius_clip = check_real("radius_clip", radius_clip)
+    width, height, _, near_plane, far_plane, radius_clip = check_projection_options(
+        width, height, eps2d, near_plane, far_plane, radius_clip)
     check_bool("packed", packed)
     if sparse_grad:
         raise NotImplementedError("sparse_grad=True is not supported by tilesplat (dense grads)")

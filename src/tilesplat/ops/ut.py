@@ -21,10 +21,11 @@ from .lens import check_camera, check_camera_values, tensors, ut_params_of
 from .validation import (
     Shapes,
     as_int32,
+    check_backgrounds_masks,
     check_bool,
     check_finite,
     check_positive_int,
-    check_real,
+    check_projection_options,
     check_tensor,
     check_tile_lists,
     common_float,
@@ -84,14 +85,8 @@ def fully_fused_projection_with_ut(
         s.check("opacities", opacities, "..., N")
     s.check("viewmats", viewmats, "..., C, 4, 4")
     s.check("Ks", Ks, "..., C, 3, 3")
-    width = check_positive_int("width", width)
-    height = check_positive_int("height", height)
-    eps2d = check_real("eps2d", eps2d, 0.0)
-    near_plane = check_real("near_plane", near_plane)
-    far_plane = check_real("far_plane", far_plane)
-    if not far_plane > near_plane:
-        raise ValueError(f"expected far_plane > near_plane, got {far_plane} <= {near_plane}")
-    radius_clip = check_real("radius_clip", radius_clip)
+    width, height, eps2d, near_plane, far_plane, radius_clip = check_projection_options(
+        width, height, eps2d, near_plane, far_plane, radius_clip)
     check_bool("calc_compensations", calc_compensations)
     ut = ut_params_of(ut_params)
     camera = check_camera(s, camera_model, Ks, width, height, radial_coeffs, tangential_coeffs,
@@ -232,12 +227,7 @@ def rasterize_to_pixels_eval3d(
     s.check("Ks", Ks, "..., C, 3, 3")
     s.check("isect_offsets", isect_offsets, "..., C, TH, TW")
     s.check("flatten_ids", flatten_ids, "n")
-    if backgrounds is not None:
-        check_tensor("backgrounds", backgrounds)
-        s.check("backgrounds", backgrounds, "..., C, D")
-    if masks is not None:
-        check_tensor("masks", masks, "bool")
-        s.check("masks", masks, "..., C, TH, TW")
+    check_backgrounds_masks(s, backgrounds, masks, "..., C")
     ut_params_of(ut_params)
     camera = check_camera(s, camera_model, Ks, width, height, radial_coeffs, tangential_coeffs,
                           thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs)

@@ -237,6 +237,37 @@ def check_real(name: str, value: object, low: float | None = None,
     return v
 
 
+
+def check_projection_options(width: object, height: object, eps2d: object, near_plane: object,
+                             far_plane: object, radius_clip: object
+                             ) -> tuple[int, int, float, float, float, float]:
+    """The image size and the projection's numbers checked, as every projection takes them:
+    (width, height, eps2d, near_plane, far_plane, radius_clip).
+
+    Raises:
+        ValueError: naming the argument (``far_plane`` must exceed ``near_plane``).
+    """
+    width = check_positive_int("width", width)
+    height = check_positive_int("height", height)
+    eps2d = check_real("eps2d", eps2d, 0.0)
+    near_plane = check_real("near_plane", near_plane)
+    far_plane = check_real("far_plane", far_plane)
+    if not far_plane > near_plane:
+        raise ValueError(f"expected far_plane > near_plane, got {far_plane} <= {near_plane}")
+    return width, height, eps2d, near_plane, far_plane, check_real("radius_clip", radius_clip)
+
+
+def check_backgrounds_masks(s: Shapes, backgrounds: Tensor | None, masks: Tensor | None,
+                            lead: str = "...") -> None:
+    """``backgrounds`` [lead, D] and ``masks`` [lead, TH, TW] bool, when given, against the
+    shapes ``s`` has bound (``lead``: the images' leading dims, ``...`` or ``..., C``)."""
+    if backgrounds is not None:
+        check_tensor("backgrounds", backgrounds)
+        s.check("backgrounds", backgrounds, f"{lead}, D")
+    if masks is not None:
+        check_tensor("masks", masks, "bool")
+        s.check("masks", masks, f"{lead}, TH, TW")
+
 def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if value not in choices:

@@ -110,6 +110,40 @@ def _blend(alpha, ok, color):
     return accum, trans, contrib
 
 
+class Canvas:
+    """The I images of a render as rows of pixels, written bucket by bucket of tiles: the
+    accumulated colour [I*H*W, D], the transmittance [I*H*W] and the last contributing
+    intersection [I*H*W] (-1: none). Both rasterizers of the reference fill one."""
+
+    def __init__(self, n_images: int, height: int, width: int, channels: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        n_pix = n_images * height * width
+        self.shape = (n_images, height, width)
+        self.accum = torch.zeros((n_pix, channels), dtype=dtype, device=device)
+        self.trans = torch.ones((n_pix,), dtype=dtype, device=device)
+        self.last_ids = torch.full((n_pix,), -1, dtype=torch.int64, device=device)
+
+    def put(self, flat: Tensor, acc_b: Tensor, trans_b: Tensor, contrib: Tensor,
+            isect: Tensor) -> None:
+        """Write a bucket's pixels: flat [t,P] pixel rows (-1 outside the image), acc_b
+        [t,P,D], trans_b [t,P], contrib [t,P,K] and isect [t,K] (the lists' indices)."""
+        last = torch.where(contrib, isect[:, None, :], -1).amax(dim=-1)
+        keep = flat >= 0
+        pix = flat[keep]
+        self.accum = self.accum.index_put((pix,), acc_b[keep])
+        self.trans = self.trans.index_put((pix,), trans_b[keep])
+        self.last_ids[pix] = last[keep]
+
+    def finish(self, backgrounds: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """render_colors [I,H,W,D] (on ``backgrounds`` [I,D]), render_alphas [I,H,W,1],
+        last_ids [I,H,W] int32."""
+        render_colors = self.accum.reshape(*self.shape, -1)
+        trans = self.trans.reshape(*self.shape, 1)
+        if backgrounds is not None:
+            render_colors = render_colors + trans * backgrounds[:, None, None, :]
+        return render_colors, 1.0 - trans, self.last_ids.reshape(self.shape).to(torch.int32)
+
+
 def composite(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,
               isect_offsets, flatten_ids):
     """The definition. Shapes: means2d [G,2], conics [G,3], colors [G,D], opacities [G],
@@ -123,27 +157,14 @@ def composite(means2d, conics, colors, opacities, backgrounds, masks, width, hei
     dev, dt = means2d.device, means2d.dtype
     starts, counts = _tile_lists(isect_offsets, flatten_ids.shape[0], masks)
     geometry = (I, TH, TW, width, height, tile_size)
-    n_pix = I * height * width
-    accum = torch.zeros((n_pix, D), dtype=dt, device=dev)
-    trans = torch.ones((n_pix,), dtype=dt, device=dev)
-    last_ids = torch.full((n_pix,), -1, dtype=torch.int64, device=dev)
+    canvas = Canvas(I, height, width, D, dt, dev)
     for tiles, K in _buckets(counts, tile_size * tile_size):
         gid, in_list, isect, pixels, flat, _ = _gather(tiles, K, starts, counts, flatten_ids,
                                                        geometry)
         acc_b, trans_b, contrib, _ = _composite_bucket(
             means2d[gid], conics[gid], colors[gid], opacities[gid], in_list, pixels)
-        last = torch.where(contrib, isect[:, None, :], -1).amax(dim=-1)
-        keep = flat >= 0
-        pix = flat[keep]
-        accum = accum.index_put((pix,), acc_b[keep])
-        trans = trans.index_put((pix,), trans_b[keep])
-        last_ids[pix] = last[keep]
-
-    render_colors = accum.reshape(I, height, width, D)
-    trans = trans.reshape(I, height, width, 1)
-    if backgrounds is not None:
-        render_colors = render_colors + trans * backgrounds[:, None, None, :]
-    return render_colors, 1.0 - trans, last_ids.reshape(I, height, width).to(torch.int32)
+        canvas.put(flat, acc_b, trans_b, contrib, isect)
+    return canvas.finish(backgrounds)
 
 
 def forward(means2d, conics, colors, opacities, backgrounds, masks, width, height, tile_size,

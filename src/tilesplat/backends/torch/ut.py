@@ -39,7 +39,7 @@ from ..ut_camera import UTCamera, UTParams
 from ._vjp import leaf, vjp
 from .covariance import quat_to_rotmat
 from .lens import Lens, Shutter, pixel_rays, transform, world_to_image
-from .rasterize import _blend, _buckets, _gather, _tile_lists
+from .rasterize import Canvas, _blend, _buckets, _gather, _tile_lists
 
 # the eigenvalue bound of the radii: b + sqrt(max(EIGEN_GAP_MIN, b² - det)) (gsplat's 0.01)
 EIGEN_GAP_MIN = 0.01
@@ -204,29 +204,17 @@ def composite(means, quats, scales, colors, opacities, backgrounds, masks, viewm
     [I,H,W] int32 (-1: no contribution)."""
     I = isect_offsets.shape[0]
     D = colors.shape[-1]
-    n_pix = I * height * width
     flat_means, flat_quats, flat_scales = (x.reshape(-1, x.shape[-1])
                                            for x in (means, quats, scales))
-    accum = colors.new_zeros((n_pix, D))
-    trans = colors.new_ones((n_pix,))
-    last_ids = torch.full((n_pix,), -1, dtype=torch.int64, device=colors.device)
+    canvas = Canvas(I, height, width, D, colors.dtype, colors.device)
     for gid, rows, in_list, isect, flat, _, o, d, ray_ok in _pairs(
             means, viewmats, Ks, camera, width, height, tile_size, isect_offsets, flatten_ids,
             masks):
         acc_b, trans_b, contrib = _response_bucket(
             flat_means[rows], flat_quats[rows], flat_scales[rows], colors[gid], opacities[gid],
             in_list, o, d, ray_ok)
-        last = torch.where(contrib, isect[:, None, :], -1).amax(dim=-1)
-        keep = flat >= 0
-        pix = flat[keep]
-        accum = accum.index_put((pix,), acc_b[keep])
-        trans = trans.index_put((pix,), trans_b[keep])
-        last_ids[pix] = last[keep]
-    render_colors = accum.reshape(I, height, width, D)
-    trans = trans.reshape(I, height, width, 1)
-    if backgrounds is not None:
-        render_colors = render_colors + trans * backgrounds[:, None, None, :]
-    return render_colors, 1.0 - trans, last_ids.reshape(I, height, width).to(torch.int32)
+        canvas.put(flat, acc_b, trans_b, contrib, isect)
+    return canvas.finish(backgrounds)
 
 
 def forward(means, quats, scales, colors, opacities, backgrounds, masks, viewmats, Ks, width,
