@@ -243,6 +243,46 @@ else:
         cuda.syncthreads()
         out[cuda.blockIdx.x, t] = s[(t + 1) % 32]
 
+    def test_a_blocks_barrier_counts_the_threads_still_running():
+        """syncthreads without the simulator's polling (backends/cuda/simulator_blocks.py):
+        threads that returned early do not hold the others, each round sees every write of
+        the one before, syncthreads_count counts, and a thread's error is the launch's."""
+        out = np.zeros((3, 64), np.int32)
+        _rounds[3, 64](out)
+        for b in range(3):
+            live = np.arange(64) < 48  # threads 48.. returned before the rounds
+            expected = np.where(live, 5 * 48 + np.arange(64), 0)
+            assert (out[b] == expected).all(), out[b]
+        with pytest.raises(ValueError, match="thread 7 fails"):
+            _fails[2, 16](np.zeros(32, np.int32))
+
+    @cuda.jit
+    def _rounds(out):
+        """Five rounds of write, barrier, read a neighbour's write; out[b, t] = 5 * (the
+        number of threads counted by syncthreads_count each round) + t."""
+        s = cuda.shared.array(64, np.int32)
+        t = cuda.threadIdx.x
+        if t >= 48:
+            return
+        total = 0
+        for r in range(5):
+            s[t] = r * 64 + t
+            cuda.syncthreads()
+            if s[(t + 1) % 48] != r * 64 + (t + 1) % 48:
+                total -= 1000
+            total += cuda.syncthreads_count(1)
+            cuda.syncthreads()
+        out[cuda.blockIdx.x, t] = total + t
+
+    @cuda.jit
+    def _fails(out):
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        if t == 7:
+            raise ValueError("thread 7 fails")
+        cuda.syncthreads()
+        out[cuda.blockIdx.x * 16 + t] = 1
+
 
     def _float_adds(monkeypatch):
         """Counts the simulator's float atomic adds per (array, element)."""

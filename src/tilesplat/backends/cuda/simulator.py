@@ -120,9 +120,14 @@ _simulator_shared_array = None
 
 def install() -> None:
     """Adds the warp intrinsics and an exact ``fma`` to the simulator's fake ``cuda``
-    module and makes its shared arrays race-free (idempotent)."""
+    module, makes its shared arrays race-free and its barriers poll-free
+    (:mod:`.simulator_blocks`) (idempotent)."""
     global _simulator_shared_array
     from numba.cuda.simulator.kernelapi import FakeCUDAModule, FakeCUDAShared
+
+    from .simulator_blocks import install as install_blocks
+
+    install_blocks()
 
     if FakeCUDAShared.array is not _shared_array:
         _simulator_shared_array = FakeCUDAShared.array
