@@ -234,7 +234,7 @@ def test_smoke_cases_take_every_tensor_as_an_input():
     from tilesplat.bench.smoke import _cases, _scene
 
     cases = _cases(_scene(6, 1, 8, 8, 8, 0))
-    assert len(cases) == 8
+    assert len(cases) == 9
     for name, _, fn, inputs, _ in cases:
         cells = [c.cell_contents for c in fn.__closure__ or ()]
         assert not [c for c in cells if isinstance(c, torch.Tensor)], name

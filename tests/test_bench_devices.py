@@ -154,7 +154,7 @@ else:
         with SimCudaMode():
             yield calls
 
-    STAGED = {"fully_fused_projection", "spherical_harmonics", "isect_tiles",
+    STAGED = {"fully_fused_projection", "spherical_harmonics", "isect_tiles_tight",
               "isect_offset_encode", "rasterize_to_pixels", "rasterize_to_pixels.backward",
               "spherical_harmonics.backward", "fully_fused_projection.backward"}
 
@@ -206,6 +206,7 @@ else:
         names = [r["case"] for r in res["cases"]]
         assert names == ["quat_scale_to_covar_preci", "fully_fused_projection",
                          "spherical_harmonics", "isect_tiles + isect_offset_encode",
+                         "isect_tiles_tight + isect_offset_encode",
                          "rasterize_to_pixels per_splat, batch 32"]
         assert len(RASTER_CASES) == 4 and res["device"] == "cpu"  # the simulator's
         assert res["passed"], format_smoke(res)
@@ -244,6 +245,7 @@ else:
             "error: RuntimeError: too many resources requested for launch")
         assert rows["fully_fused_projection"]["status"] == "ok"  # the others still ran
         assert rows["isect_tiles + isect_offset_encode"]["status"] == "ok"
+        assert rows["isect_tiles_tight + isect_offset_encode"]["status"] == "ok"
         assert "SMOKE FAIL" in format_smoke(res)
 
     def test_bench_counts_the_launches_of_a_cuda_step():

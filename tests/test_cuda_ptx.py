@@ -108,6 +108,6 @@ def test_catalogue_lists_every_kernel():
 def _probe_args(builder):
     """Arguments that build a kernel body: the float type, then tile size, channels, batch."""
     extra = {"tile_size": 16, "channels": 3, "splat_batch": 32, "keep": 0, "det": False,
-             "fill": False}
+             "fill": False, "tight": False}
     params = list(inspect.signature(builder).parameters)
     return [np.float32] + [extra[p] for p in params[1:]]

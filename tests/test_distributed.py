@@ -159,9 +159,11 @@ def test_single_process_and_bad_arguments():
 def _sharded_rendering(rank: int, port: int) -> None:
     """Rank 0 holds 6 Gaussians and 1 camera, rank 1 holds 7 Gaussians and 2 cameras; each
     renders its own cameras with everyone's Gaussians and must match one process rendering
-    all 13 into all 3 (images 1e-6, gradients rel 1e-5), packed and unpacked."""
+    all 13 into all 3 (images 1e-6, gradients rel 1e-5), packed and unpacked, with the same
+    tight tile lists (the intersections of its cameras; gsplat's box lists hold more)."""
     import tilesplat
     from helpers import cameras, random_gaussians
+    from tilesplat.rendering._pipeline import box_tile_lists
 
     _init(rank, port)
     try:
@@ -176,10 +178,13 @@ def _sharded_rendering(rank: int, port: int) -> None:
         gauss = slice(0, 6) if rank == 0 else slice(6, 13)
         cams = slice(0, 1) if rank == 0 else slice(1, 3)
         for packed in (False, True):
-            def render(params, vm, K, bg, distributed, packed=packed):
+            lists = []  # the isect_ids of each render below
+
+            def render(params, vm, K, bg, distributed, packed=packed, lists=lists):
                 colors, alphas, meta = tilesplat.rasterization(
                     *params, vm, K, W, H, sh_degree=1, packed=packed, backgrounds=bg,
-                    distributed=distributed, backend="torch")
+                    distributed=distributed, tile_size=4, backend="torch")
+                lists.append(meta["isect_ids"])
                 return colors, alphas
 
             full = [t.clone().requires_grad_(True) for t in (means, quats, scales, opacities,
@@ -191,6 +196,13 @@ def _sharded_rendering(rank: int, port: int) -> None:
             mine = [t[gauss].detach().clone().requires_grad_(True)
                     for t in (means, quats, scales, opacities, sh)]
             out_c, out_a = render(mine, viewmats[cams], Ks[cams], bgs[cams], True)
+            with torch.no_grad(), box_tile_lists():
+                render(mine, viewmats[cams], Ks[cams], bgs[cams], True)
+            tight, dist_tight, dist_box = lists
+            bits = ((W // 4) * (H // 4)).bit_length()  # the key bits of the 6 x 4 tiles
+            image = tight >> (32 + bits)
+            mine_in_full = (image >= cams.start) & (image < cams.stop)
+            assert dist_tight.numel() == int(mine_in_full.sum()) < dist_box.numel()
             torch.testing.assert_close(out_c, ref_c[cams].detach(), atol=1e-6, rtol=0)
             torch.testing.assert_close(out_a, ref_a[cams].detach(), atol=1e-6, rtol=0)
             ((out_c * weights[cams]).sum() + out_a.sum()).backward()

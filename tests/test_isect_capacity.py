@@ -288,7 +288,7 @@ else:
 
     def test_two_batches_with_different_counts_make_the_same_shapes():
         made, counts = [], []
-        for seed in (0, 1):
+        for seed in (0, 2):  # 288 and 274 intersections (seeds 0 and 1 both make 288)
             tensors, viewmats, Ks = _scene("cuda", seed=seed)
             cap = IsectCapacity(700)
             shapes = Shapes()

@@ -7,6 +7,12 @@ PIXEL_CENTER = 0.5  # pixel (x, y) is sampled at (x + 0.5, y + 0.5)
 RADIUS_SIGMAS = 3.33  # radii = ceil(RADIUS_SIGMAS * sqrt(diag(cov2d)))
 DET_MIN = 1e-10  # lower clamp of det(cov2d) before inversion, as gsplat's reference
 TILE_SIZE = 16  # pixels on a side of a rasterizer tile: gsplat's default `tile_size`
+# The tile lists of rasterization() (issue 37): a Gaussian enters a tile only if its
+# alpha-threshold ellipse, sigma <= ln(opacity / ALPHA_SKIP), reaches one of the tile's pixel
+# centres, judged with margins that cover how the rasterizers round (backends/shared/tiles.py):
+TILE_CONIC_SLACK = 1e-5  # conic diagonal shrunk by this of (a + |b|), (c + |b|): float32 sigma
+# errs by <= ~8 ulp (5e-7) of those terms, so the bound stays below every rasterizer's sigma
+TILE_SIGMA_SLACK = 1e-4  # level += this * (1 + level): exp's and alpha's rounding (~3e-7)
 
 RASTERIZE_MODES = ("classic", "antialiased")
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")

@@ -27,7 +27,7 @@ DEVICES = ("cpu", "cuda")
 PIPELINE_OPS = (
     "fully_fused_projection",
     "spherical_harmonics",
-    "isect_tiles",
+    "isect_tiles_tight",
     "isect_offset_encode",
     "rasterize_to_pixels",
 )

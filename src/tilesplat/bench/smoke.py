@@ -8,7 +8,8 @@ before any long step. Cases (each one forward and backward unless said):
 - ``quat_scale_to_covar_preci`` (covariance and precision);
 - ``fully_fused_projection`` (pinhole, compensations, opacity-aware radii);
 - ``spherical_harmonics`` (degree 3, masks);
-- ``isect_tiles`` + ``isect_offset_encode`` (forward only: integer outputs);
+- ``isect_tiles`` + ``isect_offset_encode``, and ``isect_tiles_tight`` + the same (forward
+  only: integer outputs);
 - ``rasterize_to_pixels`` with backgrounds and absgrad: ``per_pixel`` with the warp skip on
   and off, ``per_splat`` with batches of 32 and 256.
 
@@ -106,6 +107,8 @@ def _cases(s: dict[str, Any]) -> list[tuple[str, dict[str, Any], Callable, list,
     """(name, cuda options, fn(*inputs, backend=), inputs, names of outputs then grads)."""
     import tilesplat
 
+    from ..ops import isect_tiles_tight  # tilesplat's own op: not in gsplat's namespace
+
     W, H, ts = s["width"], s["height"], s["tile_size"]
     tw, th = s["tiles"]
     cams = s["viewmats"].shape[0]
@@ -129,6 +132,12 @@ def _cases(s: dict[str, Any]) -> list[tuple[str, dict[str, Any], Callable, list,
         return tiles, ids, flat, tilesplat.isect_offset_encode(ids, cams, tw, th,
                                                                 backend=backend)
 
+    def intersect_tight(m2, r, d, co, op, backend):
+        tiles, ids, flat = isect_tiles_tight(m2, r, d, co, op, ts, tw, th, W, H,
+                                             backend=backend)
+        return tiles, ids, flat, tilesplat.isect_offset_encode(ids, cams, tw, th,
+                                                                backend=backend)
+
     cases = [
         ("quat_scale_to_covar_preci", {}, covar, [s["quats"], s["scales"]],
          ["covars", "precis", "v_quats", "v_scales"]),
@@ -140,6 +149,9 @@ def _cases(s: dict[str, Any]) -> list[tuple[str, dict[str, Any], Callable, list,
          ["colors", "v_dirs", "v_coeffs"]),
         ("isect_tiles + isect_offset_encode", {}, intersect,
          [s["means2d"].detach(), s["radii"], s["depths"]],
+         ["tiles_per_gauss", "isect_ids", "flatten_ids", "isect_offsets"]),
+        ("isect_tiles_tight + isect_offset_encode", {}, intersect_tight,
+         [s["means2d"].detach(), s["radii"], s["depths"], s["conics"], s["opacities2d"]],
          ["tiles_per_gauss", "isect_ids", "flatten_ids", "isect_offsets"]),
     ]
     for title, scheme, options in RASTER_CASES:

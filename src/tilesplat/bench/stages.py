@@ -5,7 +5,8 @@ autograd graph between stages, so that each backward stage is timed on its own:
 
 - ``projection``: ``fully_fused_projection`` + ``spherical_harmonics`` (colour = SH + 0.5,
   clamped at 0, as in ``rasterization``), opacities broadcast to the cameras;
-- ``intersection``: ``isect_tiles`` (count, fill, sort) + ``isect_offset_encode``;
+- ``intersection``: ``isect_tiles_tight`` (count, fill, sort; rasterization()'s lists, the
+  tiles each Gaussian's alpha-threshold ellipse reaches) + ``isect_offset_encode``;
 - ``raster_forward`` / ``raster_backward``: ``rasterize_to_pixels`` on detached leaves, and its
   backward under the shared upstream gradient;
 - ``projection_backward``: the backward of the projection stage (projection and SH) from the
@@ -30,7 +31,7 @@ from ..devices import to_device
 from ..ops import (
     fully_fused_projection,
     isect_offset_encode,
-    isect_tiles,
+    isect_tiles_tight,
     rasterize_to_pixels,
     spherical_harmonics,
 )
@@ -147,8 +148,9 @@ def staged_pass(inp: Inputs, arm: Arm, timer: StageTimer,
             [feed["outputs"][k] for k in ("radii", "means2d", "depths", "conics", "colors")], dev)
     tw, th = math.ceil(W / ts), math.ceil(H / ts)
     with timer.stage("intersection"):
-        _, isect_ids, flatten_ids = isect_tiles(
-            means2d, radii, depths, ts, tw, th, packed=False, n_images=C, backend=b
+        _, isect_ids, flatten_ids = isect_tiles_tight(
+            means2d, radii, depths, conics.detach(), opacities.detach(), ts, tw, th, W, H,
+            packed=False, n_images=C, backend=b
         )
         isect_offsets = isect_offset_encode(isect_ids, C, tw, th, backend=b)
     cut = {

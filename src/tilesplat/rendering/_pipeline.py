@@ -8,13 +8,16 @@ a packed projection gives ``nnz`` visible (camera, Gaussian) pairs with their id
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..ops import isect_offset_encode, isect_tiles, spherical_harmonics
+from ..ops import isect_offset_encode, isect_tiles, isect_tiles_tight, spherical_harmonics
 from ..ops.deferred_checks import current_flag
 from ..ops.intersect_capacity import IntersectionCounts, counting
 
@@ -158,6 +161,23 @@ class TileLists:
         }  # fmt: skip
 
 
+_BOX_TILES: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesplat_box_tiles",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def box_tile_lists() -> Iterator[None]:
+    """Inside, ``rasterization()`` lists each Gaussian in every tile of its box (gsplat's
+    ``isect_tiles``) rather than in the tiles its alpha-threshold ellipse reaches. The images
+    and gradients are the same (only the lists and ``last_ids`` differ): for comparisons and
+    measurements."""
+    token = _BOX_TILES.set(True)
+    try:
+        yield
+    finally:
+        _BOX_TILES.reset(token)
+
+
 def tile_lists(
     means2d: Tensor,  # [..., C, N, 2] or [nnz, 2]
     radii: Tensor,  # [..., C, N, 2] or [nnz, 2]
@@ -172,17 +192,29 @@ def tile_lists(
     image_ids: Tensor | None,  # [nnz] batch * C + camera, packed
     gaussian_ids: Tensor | None,  # [nnz], packed
     backend: str | None,
+    conics: Tensor | None = None,  # [..., C, N, 3] or [nnz, 3]
+    opacities: Tensor | None = None,  # [..., C, N] or [nnz]
 ) -> TileLists:
     """``isect_tiles`` and ``isect_offset_encode`` over the B * C images of the render.
 
+    Given the rasterizer's ``conics`` and ``opacities`` (3DGS), the lists hold only the tiles
+    each Gaussian's alpha-threshold ellipse reaches (``isect_tiles_tight``; every tile of the
+    box inside :func:`box_tile_lists`); without them (2DGS), every tile of the box.
     Inside ``ops.intersect_capacity.counting_intersections`` it raises ``IntersectionCounts``
     with the [B * C] counts instead (the render stops there)."""
     tile_width = math.ceil(width / tile_size)
     tile_height = math.ceil(height / tile_size)
-    tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
-        means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
-        n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
-    )
+    if conics is not None and opacities is not None and not _BOX_TILES.get():
+        tiles_per_gauss, isect_ids, flatten_ids = isect_tiles_tight(
+            means2d, radii, depths, conics, opacities, tile_size, tile_width, tile_height,
+            width, height, packed=packed, n_images=B * C, image_ids=image_ids,
+            gaussian_ids=gaussian_ids, backend=backend,
+        )
+    else:
+        tiles_per_gauss, isect_ids, flatten_ids = isect_tiles(
+            means2d, radii, depths, tile_size, tile_width, tile_height, packed=packed,
+            n_images=B * C, image_ids=image_ids, gaussian_ids=gaussian_ids, backend=backend,
+        )
     if counting():  # the caller wants the counts of the images only (train/step/capacity.py)
         per_image = torch.zeros(B * C, dtype=torch.int64, device=tiles_per_gauss.device)
         if packed:

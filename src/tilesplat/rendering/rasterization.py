@@ -145,8 +145,7 @@ def rasterization(
         # rasterizer's colour gradient (the bench's replay of a run compares it across backends)
         meta["colors"] = colors
 
-        tiles = tile_lists(pairs.means2d, pairs.radii, pairs.depths, width, height, tile_size,
-                           g.batch_dims, B, C, packed, pairs.image_ids, pairs.gaussian_ids, backend)
+        tiles = _tiles(pairs, ut_render, g, width, height, tile_size, B, C, packed, backend)
         meta.update(tiles.meta())
         meta.update({
             "width": width, "height": height, "tile_size": tile_size, "n_batches": B,
@@ -197,6 +196,17 @@ class _Inputs:
     sh_degree: int | None
     per_view: bool
     shapes: Shapes
+
+
+def _tiles(pairs: _Pairs, ut_render: ut.UTRender | None, g: _Inputs, width: int, height: int,
+           tile_size: int, B: int, C: int, packed: bool, backend: str | None) -> TileLists:
+    """The render's tile lists: the tiles each pair's alpha-threshold ellipse reaches, or,
+    for 3DGUT's eval3d (whose response is not the 2D conic's), every tile of its box."""
+    tight = ut_render is None or not ut_render.with_eval3d
+    return tile_lists(pairs.means2d, pairs.radii, pairs.depths, width, height, tile_size,
+                      g.batch_dims, B, C, packed, pairs.image_ids, pairs.gaussian_ids, backend,
+                      conics=pairs.conics if tight else None,
+                      opacities=pairs.opacities if tight else None)
 
 
 def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities: Tensor,

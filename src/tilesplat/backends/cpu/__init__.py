@@ -27,6 +27,7 @@ register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covarian
 register("fully_fused_projection", "cpu", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "cpu", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cpu", intersect.isect_tiles)
+register("isect_tiles_tight", "cpu", intersect.isect_tiles_tight)
 register("isect_offset_encode", "cpu", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cpu", DiffOp(rasterize.forward, rasterize.backward))
 register("fully_fused_projection_2dgs", "cpu", twodgs.fully_fused_projection_2dgs)

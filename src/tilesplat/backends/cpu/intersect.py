@@ -1,5 +1,7 @@
-"""CPU kernels: Gaussian–tile intersections (``isect_tiles``) and tile offsets
-(``isect_offset_encode``), giving exactly the reference's order.
+"""CPU kernels: Gaussian–tile intersections (``isect_tiles``, and ``isect_tiles_tight``: the
+same lists less the tiles a Gaussian's alpha-threshold ellipse does not reach,
+``shared.tiles``) and tile offsets (``isect_offset_encode``), giving exactly the reference's
+order.
 
 The reference lists intersections by Gaussian then tile row-major and sorts them stably by
 ``image << (32 + tile_bits) | tile << 32 | depth bits``: each tile lists its Gaussians by
@@ -8,6 +10,12 @@ their depth bits), and a stable counting sort by (image, tile) in that order —
 a prefix sum and a fill pass, over fixed chunks of the order on a pool of threads — writes
 every tile's segment already sorted. (Sorting each tile's segment instead cost ~28 ns per
 intersection with Numba's sort: 36 of the 72 ms of CPU of the garden's 1.3 M.)
+
+A gather pass first stores what the others need of each Gaussian (its box of tiles, its key
+but the tile, the tight lists' bound) at its position in that order, so that they read
+memory in order: the random reads in depth order had cost more than the passes' work. The
+tight lists then decide each (Gaussian, tile of its box) once, in order (``reach_kernel``:
+a span per tile row, ``shared.tiles``), into a byte per pair that the count and fill read.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import torch
 from numba import njit
 
 from ..shared.typed import like
-from ._common import alloc, parallel_for, view
+from ._common import alloc, parallel_for, sm, view
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -72,33 +80,87 @@ def depth_order(depth_bits, order):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def count_kernel(first, step, means2d, radii, image_of, order, tile_size, tile_width,
-                 tile_height, chunk, counts, per_chunk):
-    """Chunks first, first + step, ... of ``chunk`` positions of ``order`` (Gaussians by
-    depth). counts [G] int64: tiles covered by each Gaussian (0 unless both radii > 0);
-    per_chunk [n_chunks, I*T] int64: how many of the chunk's intersections fall in each
-    (image, tile), or [0, 0] when not wanted."""
-    n = means2d.shape[0]
-    n_tiles = tile_width * tile_height
-    hist = per_chunk.shape[0] > 0
+def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, conics, opacities,
+                  tight, tile_size, tile_width, tile_height, tile_bits, chunk, box, box_n, high,
+                  ell):
+    """Chunks first, first + step, ... of ``chunk`` positions i of ``order`` (Gaussian
+    g = order[i]): what the later passes need of g, stored at i so that they read memory in
+    order. box [G, 4] int32: its tiles [x0, x1) x [y0, y1) (none unless both radii > 0);
+    box_n [G] int64: how many; high [G] int64: its key but the tile,
+    image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 6] (the data's type): its
+    conic, opacity and mean (a, b, c, opacity, mx, my), where its box is not empty."""
+    n = order.shape[0]
     for ch in range(first, (n + chunk - 1) // chunk, step):
-        if hist:
-            per_chunk[ch, :] = 0
         for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
             g = order[i]
-            rx = radii[g, 0]
-            ry = radii[g, 1]
-            if rx > 0 and ry > 0:
-                x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], rx, ry, tile_size,
-                                             tile_width, tile_height)
-                counts[g] = (x1 - x0) * (y1 - y0)
-                if hist:
-                    base = image_of[g] * n_tiles
-                    for ty in range(y0, y1):
-                        for tx in range(x0, x1):
-                            per_chunk[ch, base + ty * tile_width + tx] += 1
-            else:
-                counts[g] = 0
+            high[i] = (np.int64(image_of[g]) << (32 + tile_bits)) | (
+                np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
+            x0 = x1 = y0 = y1 = 0
+            if radii[g, 0] > 0 and radii[g, 1] > 0:
+                x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], radii[g, 0],
+                                             radii[g, 1], tile_size, tile_width, tile_height)
+            box[i, 0] = x0
+            box[i, 1] = x1
+            box[i, 2] = y0
+            box[i, 3] = y1
+            box_n[i] = (x1 - x0) * (y1 - y0)
+            if tight and box_n[i] > 0:
+                ell[i, 0] = conics[g, 0]
+                ell[i, 1] = conics[g, 1]
+                ell[i, 2] = conics[g, 2]
+                ell[i, 3] = opacities[g]
+                ell[i, 4] = means2d[g, 0]
+                ell[i, 5] = means2d[g, 1]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def reach_kernel(first, step, box, box_n, ell, width, height, tile_size, chunk, box_first, keep,
+                 kept):
+    """Chunks first, first + step, ... of positions: keep[box_first[i] + j] = 1 where the
+    alpha-threshold ellipse of ell[i] (:func:`gather_kernel`) reaches tile j of box[i]
+    (row-major; ``shared.tiles``, in float64: a span per tile row, two comparisons per tile),
+    else 0; kept [G] int64: how many it reaches."""
+    n = box.shape[0]
+    for ch in range(first, (n + chunk - 1) // chunk, step):
+        for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
+            kept[i] = 0
+            if box_n[i] == 0:
+                continue
+            a, b, c, level, x_half, y_half = sm.alpha_ellipse(
+                np.float64(ell[i, 0]), np.float64(ell[i, 1]), np.float64(ell[i, 2]),
+                np.float64(ell[i, 3]))
+            mx = np.float64(ell[i, 4])
+            my = np.float64(ell[i, 5])
+            j = box_first[i]
+            hits = 0
+            for ty in range(box[i, 2], box[i, 3]):
+                xl, xr = sm.row_span(a, b, c, level, x_half, y_half, my, ty, tile_size, height)
+                for tx in range(box[i, 0], box[i, 1]):
+                    hit = sm.tile_in_span(xl, xr, mx, tx, tile_size, width)
+                    keep[j] = hit
+                    hits += hit
+                    j += 1
+            kept[i] = hits
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def count_kernel(first, step, box, high, tight, keep, box_first, tile_width, tile_height,
+                 tile_bits, chunk, per_chunk):
+    """Chunks first, first + step, ... of positions: per_chunk [n_chunks, I*T] int64, how many
+    of the chunk's intersections fall in each (image, tile): every tile of box[i], or with
+    ``tight`` those keep marks (:func:`reach_kernel`)."""
+    n = box.shape[0]
+    n_tiles = tile_width * tile_height
+    for ch in range(first, (n + chunk - 1) // chunk, step):
+        per_chunk[ch, :] = 0
+        for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
+            base = (high[i] >> (32 + tile_bits)) * n_tiles
+            j = box_first[i] if tight else 0
+            for ty in range(box[i, 2], box[i, 3]):
+                for tx in range(box[i, 0], box[i, 1]):
+                    if not tight or keep[j]:
+                        per_chunk[ch, base + ty * tile_width + tx] += 1
+                    j += 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -117,62 +179,50 @@ def chunk_starts(per_chunk, tile_first):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def fill_kernel(first, step, means2d, radii, image_of, order, depth_bits, counts, tile_size,
-                tile_width, tile_height, tile_bits, chunk, cursor, flatten_ids, isect_ids):
+def fill_kernel(first, step, order, box, high, tight, keep, box_first, tile_width, tile_height,
+                tile_bits, chunk, cursor, flatten_ids, isect_ids):
     """Counting sort by (image, tile) of the Gaussians in depth order, chunks first,
     first + step, ... of positions of ``order``: each chunk writes from its own slots
     cursor[ch] (``chunk_starts``), so every segment lists its Gaussians by (depth bits,
-    index), the reference's stable sort, whatever the thread count. Writes flatten_ids [n]
-    and isect_ids [n] (image << (32 + tile_bits) | tile << 32 | depth bits)."""
-    n = means2d.shape[0]
+    index), the reference's stable sort, whatever the thread count. Lists the tiles
+    :func:`count_kernel` counted. Writes flatten_ids [n] and isect_ids [n]
+    (image << (32 + tile_bits) | tile << 32 | depth bits)."""
+    n = box.shape[0]
     n_tiles = tile_width * tile_height
     for ch in range(first, (n + chunk - 1) // chunk, step):
         for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
             g = order[i]
-            if counts[g] == 0:
-                continue
-            x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], radii[g, 0],
-                                         radii[g, 1], tile_size, tile_width, tile_height)
-            img = image_of[g]
-            key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
-            for ty in range(y0, y1):
-                for tx in range(x0, x1):
+            base = (high[i] >> (32 + tile_bits)) * n_tiles
+            k = box_first[i] if tight else 0
+            for ty in range(box[i, 2], box[i, 3]):
+                for tx in range(box[i, 0], box[i, 1]):
+                    k += 1
+                    if tight and not keep[k - 1]:
+                        continue
                     tile = ty * tile_width + tx
-                    t = img * n_tiles + tile
+                    t = base + tile
                     j = cursor[ch, t]
                     cursor[ch, t] = j + 1
                     flatten_ids[j] = g
-                    isect_ids[j] = (img << (32 + tile_bits)) | (np.int64(tile) << 32) | key
+                    isect_ids[j] = high[i] | (np.int64(tile) << 32)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def unsorted_kernel(
-    means2d,
-    radii,
-    image_of,
-    depth_bits,
-    counts,
-    first,
-    tile_size,
-    tile_width,
-    tile_height,
-    tile_bits,
-    flatten_ids,
-    isect_ids,
-):
-    """Listing order (by Gaussian, then tile row-major) for sort=False."""
-    for g in range(means2d.shape[0]):
-        if counts[g] == 0:
-            continue
-        x0, x1, y0, y1 = _tile_range(means2d[g, 0], means2d[g, 1], radii[g, 0], radii[g, 1],
-                                         tile_size, tile_width, tile_height)
-        key = np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF)
-        high = np.int64(image_of[g]) << (32 + tile_bits)
-        j = first[g]
-        for ty in range(y0, y1):
-            for tx in range(x0, x1):
+def unsorted_kernel(box, high, tight, keep, box_first, tile_width, slot, flatten_ids,
+                    isect_ids):
+    """Listing order (by Gaussian, then tile row-major) for sort=False, positions being the
+    Gaussians: each from its first slot ``slot`` [G]; the tiles :func:`count_kernel` would
+    count."""
+    for g in range(box.shape[0]):
+        j = slot[g]
+        k = box_first[g] if tight else 0
+        for ty in range(box[g, 2], box[g, 3]):
+            for tx in range(box[g, 0], box[g, 1]):
+                k += 1
+                if tight and not keep[k - 1]:
+                    continue
                 flatten_ids[j] = g
-                isect_ids[j] = high | (np.int64(ty * tile_width + tx) << 32) | key
+                isect_ids[j] = high[g] | (np.int64(ty * tile_width + tx) << 32)
                 j += 1
 
 
@@ -211,6 +261,81 @@ def _chunk_size(n_gauss: int, n_segments: int) -> int:
     return max(CHUNK_MIN, -(-n_gauss // most_chunks))
 
 
+def _isect(
+    means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
+    radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
+    depths: torch.Tensor,  # [I, N] or [nnz]
+    conics: torch.Tensor | None,  # [I, N, 3] or [nnz, 3]; None: every tile of the box
+    opacities: torch.Tensor | None,  # [I, N] or [nnz]
+    width: int,
+    height: int,
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    sort: bool,
+    n_images: int,
+    image_ids: torch.Tensor | None,  # [nnz] (packed)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both ops' lists: tiles_per_gauss [I, N] or [nnz] int32, isect_ids [n] int64,
+    flatten_ids [n] int32."""
+    lead = means2d.shape[:-1]
+    m = view(means2d.reshape(-1, 2))
+    r = view(radii.reshape(-1, 2))
+    n_gauss = m.shape[0]
+    if image_ids is not None:
+        image_of = view(image_ids.to(torch.int64))
+    else:
+        per_image = means2d.shape[-2] if means2d.dim() == 3 else n_gauss
+        image_of = np.arange(n_gauss, dtype=np.int64) // max(per_image, 1)
+    bits = view(depths.reshape(-1).to(torch.float32).contiguous().view(torch.int32))
+    n_tiles = tile_width * tile_height
+    t_bits = n_tiles.bit_length()
+    chunk = _chunk_size(n_gauss, n_images * n_tiles)
+    n_chunks = (n_gauss + chunk - 1) // chunk
+    order = np.empty(n_gauss, np.int64)
+    if sort:
+        depth_order(bits, order)
+    else:
+        order[:] = np.arange(n_gauss)
+    tight = conics is not None
+    # what the passes below read of each Gaussian, at its position in ``order``
+    box = np.empty((n_gauss, 4), np.int32)
+    box_n = np.empty(n_gauss, np.int64)
+    high = np.empty(n_gauss, np.int64)
+    ell = np.empty((n_gauss if tight else 0, 6), m.dtype)
+    con = view(conics.reshape(-1, 3)) if tight else np.empty((0, 3), m.dtype)
+    opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
+    parallel_for(gather_kernel, n_chunks, order, m, r, image_of, bits, con, opa, tight,
+                 tile_size, tile_width, tile_height, t_bits, chunk, box, box_n, high, ell)
+    keep = np.empty(0, np.uint8)
+    box_first = np.empty(0, np.int64)
+    kept = box_n
+    if tight:  # each (Gaussian, tile of its box) decided once
+        box_first = np.cumsum(box_n) - box_n
+        keep = np.empty(int(box_n.sum()), np.uint8)
+        kept = np.empty(n_gauss, np.int64)
+        parallel_for(reach_kernel, n_chunks, box, box_n, ell, width, height, tile_size, chunk,
+                     box_first, keep, kept)
+    n = int(kept.sum())
+    flatten_ids = alloc((n,), torch.int32)
+    isect_ids = alloc((n,), torch.int64)
+    if sort:
+        per_chunk = np.empty((n_chunks, n_images * n_tiles), np.int64)
+        parallel_for(count_kernel, n_chunks, box, high, tight, keep, box_first, tile_width,
+                     tile_height, t_bits, chunk, per_chunk)
+        tile_first = np.empty(n_images * n_tiles + 1, np.int64)
+        chunk_starts(per_chunk, tile_first)
+        parallel_for(fill_kernel, n_chunks, order, box, high, tight, keep, box_first,
+                     tile_width, tile_height, t_bits, chunk, per_chunk, view(flatten_ids),
+                     view(isect_ids))
+    else:
+        unsorted_kernel(box, high, tight, keep, box_first, tile_width, np.cumsum(kept) - kept,
+                        view(flatten_ids), view(isect_ids))
+    counts = np.empty(n_gauss, np.int32)
+    counts[order] = kept  # by Gaussian
+    return torch.from_numpy(counts).reshape(lead), isect_ids, flatten_ids
+
+
 def isect_tiles(
     means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
     radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
@@ -223,58 +348,34 @@ def isect_tiles(
     image_ids: torch.Tensor | None,  # [nnz] (packed)
     gaussian_ids: torch.Tensor | None,  # [nnz] (packed; unused: flatten_ids are rows)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns tiles_per_gauss [I, N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n]."""
+    """gsplat's lists (every tile of the box): tiles_per_gauss [I, N] or [nnz] int32,
+    isect_ids [n] int64, flatten_ids [n]."""
     del gaussian_ids
-    lead = means2d.shape[:-1]
-    m = view(means2d.reshape(-1, 2))
-    r = view(radii.reshape(-1, 2))
-    n_gauss = m.shape[0]
-    if image_ids is not None:
-        image_of = view(image_ids.to(torch.int64))
-    else:
-        per_image = means2d.shape[-2] if means2d.dim() == 3 else n_gauss
-        image_of = np.arange(n_gauss, dtype=np.int64) // max(per_image, 1)
-    bits = view(depths.reshape(-1).to(torch.float32).contiguous().view(torch.int32))
-    counts = np.empty(n_gauss, np.int64)
-    n_tiles = tile_width * tile_height
-    t_bits = n_tiles.bit_length()
-    chunk = _chunk_size(n_gauss, n_images * n_tiles)
-    n_chunks = (n_gauss + chunk - 1) // chunk
-    order = np.empty(n_gauss, np.int64)
-    if sort:
-        depth_order(bits, order)
-    else:
-        order[:] = np.arange(n_gauss)
-    per_chunk = np.empty((n_chunks, n_images * n_tiles) if sort else (0, 0), np.int64)
-    parallel_for(count_kernel, n_chunks, m, r, image_of, order, tile_size, tile_width,
-                 tile_height, chunk, counts, per_chunk)
-    n = int(counts.sum())
-    flatten_ids = alloc((n,), torch.int32)
-    isect_ids = alloc((n,), torch.int64)
-    if sort:
-        tile_first = np.empty(n_images * n_tiles + 1, np.int64)
-        chunk_starts(per_chunk, tile_first)
-        parallel_for(fill_kernel, n_chunks, m, r, image_of, order, bits, counts, tile_size,
-                     tile_width, tile_height, t_bits, chunk, per_chunk, view(flatten_ids),
-                     view(isect_ids))
-    else:
-        first = np.cumsum(counts) - counts
-        unsorted_kernel(
-            m,
-            r,
-            image_of,
-            bits,
-            counts,
-            first,
-            tile_size,
-            tile_width,
-            tile_height,
-            t_bits,
-            view(flatten_ids),
-            view(isect_ids),
-        )
-    tiles_per_gauss = torch.from_numpy(counts.astype(np.int32)).reshape(lead)
-    return tiles_per_gauss, isect_ids, flatten_ids
+    return _isect(means2d, radii, depths, None, None, 0, 0, tile_size, tile_width, tile_height,
+                  sort, n_images, image_ids)
+
+
+def isect_tiles_tight(
+    means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
+    radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
+    depths: torch.Tensor,  # [I, N] or [nnz]
+    conics: torch.Tensor,  # [I, N, 3] or [nnz, 3]
+    opacities: torch.Tensor,  # [I, N] or [nnz]
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    width: int,
+    height: int,
+    sort: bool,
+    n_images: int,
+    image_ids: torch.Tensor | None,  # [nnz] (packed)
+    gaussian_ids: torch.Tensor | None,  # [nnz] (packed; unused)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rasterization()'s lists (the tiles the alpha-threshold ellipse reaches, in the order of
+    :func:`isect_tiles`): tiles_per_gauss, isect_ids, flatten_ids as there."""
+    del gaussian_ids
+    return _isect(means2d, radii, depths, conics, opacities, width, height, tile_size,
+                  tile_width, tile_height, sort, n_images, image_ids)
 
 
 def isect_offset_encode(

@@ -56,6 +56,7 @@ register("quat_scale_to_covar_preci", "cuda", DiffOp(covariance.forward, covaria
 register("fully_fused_projection", "cuda", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "cuda", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "cuda", intersect.isect_tiles)
+register("isect_tiles_tight", "cuda", intersect.isect_tiles_tight)
 register("isect_offset_encode", "cuda", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "cuda", DiffOp(rasterize.forward, rasterize.backward))
 register("fully_fused_projection_2dgs", "cuda", twodgs.fully_fused_projection_2dgs)

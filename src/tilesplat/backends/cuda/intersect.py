@@ -1,5 +1,7 @@
-"""Tile intersection kernels: ``isect_tiles`` (count, prefix sum, fill, stable sort) and
-``isect_offset_encode``.
+"""Tile intersection kernels: ``isect_tiles`` (count, prefix sum, fill, stable sort), its
+tight variant ``isect_tiles_tight`` (the same kernels compiled with ``tight``: a tile is
+listed only if the Gaussian's alpha-threshold ellipse reaches it, ``shared.tiles``, in
+float64) and ``isect_offset_encode``.
 
 The prefix sum and the sort run as PyTorch ops on the same stream (``torch.cumsum``,
 ``torch.sort(stable=True)``). Intersections are written by Gaussian, then tile row-major,
@@ -28,16 +30,21 @@ import numpy as np
 import torch
 from numba import cuda
 
+from .device_math import device_math
 from .runtime import INDEX_LIMIT, cdiv, empty, float_type, launch, launcher, optional
 
 THREADS = 256
 
 
-def make_isect_count(ft: type):
-    """Kernel body: tiles_per_gauss[g] = number of tiles the Gaussian's box covers."""
+def make_isect_count(ft: type, tight: bool = False):
+    """Kernel body: tiles_per_gauss[g] = number of tiles listed for the Gaussian: every tile
+    of its box, or with ``tight`` those that its alpha-threshold ellipse reaches
+    (``shared.tiles``, in float64); conics, opacities, width and height are read only then."""
+    sm = device_math()
 
-    def isect_count(means2d, radii, tile_size, tile_width, tile_height, counts):
-        # means2d [G, 2], radii [G, 2] int32 -> counts [G] int32
+    def isect_count(means2d, radii, conics, opacities, width, height, tile_size, tile_width,
+                    tile_height, counts):
+        # means2d [G, 2], radii [G, 2] int32, conics [G, 3], opacities [G] -> counts [G] int32
         g = cuda.grid(1)
         if g >= counts.shape[0]:
             return
@@ -53,20 +60,37 @@ def make_isect_count(ft: type):
         x1 = min(max(int(math.ceil(mx + rx)), 0), tile_width)
         y0 = min(max(int(math.floor(my - ry)), 0), tile_height)
         y1 = min(max(int(math.ceil(my + ry)), 0), tile_height)
-        counts[g] = (x1 - x0) * (y1 - y0)
+        if not tight:
+            counts[g] = (x1 - x0) * (y1 - y0)
+            return
+        a, b, c, level, x_half, y_half = sm.alpha_ellipse(
+            np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2]),
+            np.float64(opacities[g]))
+        px = np.float64(means2d[g, 0])
+        py = np.float64(means2d[g, 1])
+        kept = 0
+        for ty in range(y0, y1):
+            xl, xr = sm.row_span(a, b, c, level, x_half, y_half, py, ty, tile_size, height)
+            for tx in range(x0, x1):
+                if sm.tile_in_span(xl, xr, px, tx, tile_size, width):
+                    kept += 1
+        counts[g] = kept
 
     return isect_count
 
 
-def make_isect_fill(ft: type):
-    """Kernel body: writes each Gaussian's keys and ids from its first slot on."""
+def make_isect_fill(ft: type, tight: bool = False):
+    """Kernel body: writes each Gaussian's keys and ids from its first slot on, for the tiles
+    the count kernel of the same ``tight`` counted."""
+    sm = device_math()
 
     def isect_fill(
-        means2d, radii, depth_bits, image_ids, packed, n_per_image, tile_size, tile_width,
-        tile_height, tile_bits, ends, isect_ids, flatten_ids,
+        means2d, radii, conics, opacities, width, height, depth_bits, image_ids, packed,
+        n_per_image, tile_size, tile_width, tile_height, tile_bits, ends, isect_ids, flatten_ids,
     ):  # fmt: skip
-        # means2d [G, 2], radii [G, 2], depth_bits [G] int64, image_ids [G] (packed),
-        # ends [G] int64 inclusive prefix sum of the counts -> isect_ids [n] int64, flatten_ids
+        # means2d [G, 2], radii [G, 2], conics [G, 3], opacities [G], depth_bits [G] int64,
+        # image_ids [G] (packed), ends [G] int64 inclusive prefix sum of the counts
+        # -> isect_ids [n] int64, flatten_ids [n]
         g = cuda.grid(1)
         if g >= ends.shape[0]:
             return
@@ -81,12 +105,24 @@ def make_isect_fill(ft: type):
         x1 = min(max(int(math.ceil(mx + rx)), 0), tile_width)
         y0 = min(max(int(math.floor(my - ry)), 0), tile_height)
         y1 = min(max(int(math.ceil(my + ry)), 0), tile_height)
-        slot = ends[g] - (x1 - x0) * (y1 - y0)
+        slot = np.int64(0) if g == 0 else ends[g - 1]
         stop = isect_ids.shape[0]  # the capacity: an overflowing intersection is dropped
         image = np.int64(image_ids[g]) if packed else np.int64(g // n_per_image)
         high = image << (32 + tile_bits)
+        a = b = c = level = x_half = y_half = np.float64(0.0)
+        if tight:
+            a, b, c, level, x_half, y_half = sm.alpha_ellipse(
+                np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2]),
+                np.float64(opacities[g]))
+        px = np.float64(means2d[g, 0])
+        py = np.float64(means2d[g, 1])
         for ty in range(y0, y1):
+            xl = xr = np.float64(0.0)
+            if tight:
+                xl, xr = sm.row_span(a, b, c, level, x_half, y_half, py, ty, tile_size, height)
             for tx in range(x0, x1):
+                if tight and not sm.tile_in_span(xl, xr, px, tx, tile_size, width):
+                    continue
                 if slot >= stop:
                     return
                 tile = np.int64(ty * tile_width + tx)
@@ -125,13 +161,13 @@ def isect_offset_encode_kernel(isect_ids, tile_bits, n_tiles, offsets):
 
 
 @cache
-def _count_kernel(ft: type):
-    return cuda.jit(make_isect_count(ft))
+def _count_kernel(ft: type, tight: bool):
+    return cuda.jit(make_isect_count(ft, tight))
 
 
 @cache
-def _fill_kernel(ft: type):
-    return cuda.jit(make_isect_fill(ft))
+def _fill_kernel(ft: type, tight: bool):
+    return cuda.jit(make_isect_fill(ft, tight))
 
 
 @cache
@@ -145,25 +181,23 @@ def _depth_bits(depths: torch.Tensor) -> torch.Tensor:
     return bits & 0xFFFFFFFF
 
 
-@launcher
-@torch.no_grad()
-def isect_tiles(
+def _isect(
     means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
     radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
     depths: torch.Tensor,  # [I, N] or [nnz]
+    conics: torch.Tensor | None,  # [I, N, 3] or [nnz, 3]; None: every tile of the box
+    opacities: torch.Tensor | None,  # [I, N] or [nnz]
+    width: int,
+    height: int,
     tile_size: int,
     tile_width: int,
     tile_height: int,
     sort: bool,
-    n_images: int,
     image_ids: torch.Tensor | None,  # [nnz]
-    gaussian_ids: torch.Tensor | None,  # [nnz] (not needed: flatten_ids are rows)
-    capacity: int | None = None,
+    capacity: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launcher: tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64, flatten_ids [n];
-    with ``capacity`` the lists hold ``capacity`` entries, the unused ones first, with key -1
-    and id 0, and nothing is read back (see the module docstring)."""
-    del n_images, gaussian_ids  # the image of a row comes from image_ids or its index
+    """Both ops' lists: tiles_per_gauss [I,N] or [nnz] int32, isect_ids [n] int64,
+    flatten_ids [n] (n = ``capacity`` when given)."""
     lead = means2d.shape[:-1]
     device = means2d.device
     m = means2d.reshape(-1, 2).contiguous()
@@ -182,9 +216,13 @@ def isect_tiles(
             f"backend (at most {INDEX_LIMIT}); render fewer cameras per call"
         )
     ft = float_type(m.dtype)
+    tight = conics is not None
+    # the square kernels never read conics and opacities: placeholders
+    con = optional(None if conics is None else conics.reshape(-1, 3).contiguous(), m, 2)
+    opa = optional(None if opacities is None else opacities.reshape(-1).contiguous(), m, 1)
     blocks = cdiv(n_rows, THREADS)
-    launch(_count_kernel(ft), blocks, THREADS, device, m, r, tile_size, tile_width,
-           tile_height, counts)
+    launch(_count_kernel(ft, tight), blocks, THREADS, device, m, r, con, opa, width, height,
+           tile_size, tile_width, tile_height, counts)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
     if capacity is None:
         n = int(ends[-1])  # the one host synchronisation: the size of the lists
@@ -208,8 +246,8 @@ def isect_tiles(
     bits = (tile_width * tile_height).bit_length()
     ids = None if image_ids is None else image_ids.to(torch.int32).contiguous()
     launch(
-        _fill_kernel(ft), blocks, THREADS, device,
-        m, r, _depth_bits(depths.reshape(-1)),
+        _fill_kernel(ft, tight), blocks, THREADS, device,
+        m, r, con, opa, width, height, _depth_bits(depths.reshape(-1)),
         optional(ids, counts, 1, torch.int32), packed, n_per_image, tile_size, tile_width,
         tile_height, bits, ends, isect_ids, flatten_ids,
     )  # fmt: skip
@@ -220,7 +258,60 @@ def isect_tiles(
     return counts.reshape(lead), isect_ids, flatten_ids
 
 
+@launcher
+@torch.no_grad()
+def isect_tiles(
+    means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
+    radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
+    depths: torch.Tensor,  # [I, N] or [nnz]
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    sort: bool,
+    n_images: int,
+    image_ids: torch.Tensor | None,  # [nnz]
+    gaussian_ids: torch.Tensor | None,  # [nnz] (not needed: flatten_ids are rows)
+    capacity: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launcher of gsplat's lists (every tile of the box): tiles_per_gauss [I,N] or [nnz]
+    int32, isect_ids [n] int64, flatten_ids [n]; with ``capacity`` the lists hold
+    ``capacity`` entries, the unused ones first, with key -1 and id 0, and nothing is read
+    back (see the module docstring)."""
+    del n_images, gaussian_ids  # the image of a row comes from image_ids or its index
+    return _isect(means2d, radii, depths, None, None, 0, 0, tile_size, tile_width, tile_height,
+                  sort, image_ids, capacity)
+
+
 isect_tiles.takes_capacity = True  # type: ignore[attr-defined]
+
+
+@launcher
+@torch.no_grad()
+def isect_tiles_tight(
+    means2d: torch.Tensor,  # [I, N, 2] or [nnz, 2]
+    radii: torch.Tensor,  # [I, N, 2] or [nnz, 2] int32
+    depths: torch.Tensor,  # [I, N] or [nnz]
+    conics: torch.Tensor,  # [I, N, 3] or [nnz, 3]
+    opacities: torch.Tensor,  # [I, N] or [nnz]
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    width: int,
+    height: int,
+    sort: bool,
+    n_images: int,
+    image_ids: torch.Tensor | None,  # [nnz]
+    gaussian_ids: torch.Tensor | None,  # [nnz] (not needed)
+    capacity: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launcher of rasterization()'s lists (the tiles of :func:`isect_tiles` that the
+    alpha-threshold ellipse reaches, in the same order); outputs and ``capacity`` as there."""
+    del n_images, gaussian_ids
+    return _isect(means2d, radii, depths, conics, opacities, width, height, tile_size,
+                  tile_width, tile_height, sort, image_ids, capacity)
+
+
+isect_tiles_tight.takes_capacity = True  # type: ignore[attr-defined]
 
 
 @launcher

@@ -95,13 +95,15 @@ def block_threads(kernel: str, tile_size: int, variant: int = 0) -> int:
 
 def _count_args(F):
     i64 = nt.int64
-    return (_arr(F, 2), _arr(nt.int32, 2), i64, i64, i64, _arr(nt.int32, 1))
+    return (_arr(F, 2), _arr(nt.int32, 2), _arr(F, 2), _arr(F, 1), i64, i64, i64, i64, i64,
+            _arr(nt.int32, 1))  # fmt: skip
 
 
 def _fill_args(F):
     i64, i32 = nt.int64, nt.int32
-    return (_arr(F, 2), _arr(i32, 2), _arr(i64, 1), _arr(i32, 1), nt.boolean, i64, i64, i64,
-            i64, i64, _arr(i64, 1), _arr(i64, 1), _arr(i32, 1))  # fmt: skip
+    return (_arr(F, 2), _arr(i32, 2), _arr(F, 2), _arr(F, 1), i64, i64, _arr(i64, 1),
+            _arr(i32, 1), nt.boolean, i64, i64, i64, i64, i64, _arr(i64, 1), _arr(i64, 1),
+            _arr(i32, 1))  # fmt: skip
 
 
 def _offset_args(F):
@@ -226,6 +228,11 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("segment_sum", make_segment_sum, _segment_args),
     KernelSpec("isect_count", make_isect_count, _count_args),
     KernelSpec("isect_fill", make_isect_fill, _fill_args),
+    # rasterization()'s lists: the tile test runs in float64 (shared.tiles) for any data type
+    KernelSpec("isect_count_tight", lambda ft: make_isect_count(ft, True), _count_args,
+               float64_inside=True),
+    KernelSpec("isect_fill_tight", lambda ft: make_isect_fill(ft, True), _fill_args,
+               float64_inside=True),
     KernelSpec("isect_offset_encode", lambda ft: isect_offset_encode_kernel, _offset_args,
                (np.float32,)),
     KernelSpec("projection_fwd", make_projection_fwd, _proj_fwd_args),

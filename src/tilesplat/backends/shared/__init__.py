@@ -14,14 +14,16 @@ Modules, by domain (each lists its compiled functions in ``FUNCTIONS``):
 - ``conic``: camera covariance to the 2D covariance, the ``eps2d`` blur and the conic;
 - ``cameras``: the dispatch on a camera model's code (``project``, ``project_vjp``), written
   from the table of ``backends/cameras``, whose modules (one per model) are compiled too;
-- ``sh``: the real spherical-harmonics basis and its VJP.
+- ``sh``: the real spherical-harmonics basis and its VJP;
+- ``tiles``: which tiles a Gaussian's alpha-threshold ellipse reaches (the tile lists).
 
 Rules that keep float32 kernels float32 (Numba types a Python float literal, and a module
 global float, as float64 and promotes): every constant goes through ``like(x, c)``, which casts
 ``c`` to the type of ``x`` inside compiled code and costs nothing after constant folding;
-integer conversions go through ``as_int32``. Only ``math.sqrt`` and ``math.atan2`` are called,
-and the builtins ``min``, ``max`` and ``abs`` of scalars, which both targets provide. Constants
-of the contract come from ``constants.py`` (Numba freezes module globals when it compiles).
+integer conversions go through ``as_int32``. Only ``math.sqrt``, ``math.atan2`` and
+``math.log`` are called, and the builtins ``min``, ``max`` and ``abs`` of scalars, which both
+targets provide. Constants of the contract come from ``constants.py`` (Numba freezes module
+globals when it compiles).
 
 Conventions: a symmetric 3x3 matrix is the 6-tuple ``(xx, xy, xz, yy, yz, zz)`` and a
 symmetric 2x2 one ``(xx, xy, yy)``. The gradient of a loss with respect to a symmetric matrix
@@ -36,12 +38,12 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import cameras, compositing, conic, covariance, sh, typed
+from . import cameras, compositing, conic, covariance, sh, tiles, typed
 
 __all__ = ["MODULES", "build"]
 
 MODULES: tuple[types.ModuleType, ...] = (typed, compositing, covariance, conic,
-                                         *cameras.CAMERA_MODULES, cameras, sh)
+                                         *cameras.CAMERA_MODULES, cameras, sh, tiles)
 
 
 def _namespace() -> dict[str, Any]:

@@ -20,6 +20,7 @@ register("quat_scale_to_covar_preci", "torch", DiffOp(covariance.forward, covari
 register("fully_fused_projection", "torch", DiffOp(projection.forward, projection.backward))
 register("spherical_harmonics", "torch", DiffOp(sh.forward, sh.backward))
 register("isect_tiles", "torch", intersect.isect_tiles)
+register("isect_tiles_tight", "torch", intersect.isect_tiles_tight)
 register("isect_offset_encode", "torch", intersect.isect_offset_encode)
 register("rasterize_to_pixels", "torch", DiffOp(rasterize.forward, rasterize.backward))
 register("world_to_cam", "torch", camera.world_to_cam)
