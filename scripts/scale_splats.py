@@ -9,7 +9,8 @@ that one format's peak does not mix with another's. A child reports:
 - ``baseline``: its RSS after imports (Python, torch, NumPy, tilesplat), counted apart;
 - ``peak``: VmHWM minus that baseline. A writer's peak includes the model it was handed
   (loaded before the write); a reader's includes the model it returns;
-- ``seconds``: the write or read alone;
+- ``seconds``: the write or read alone, and ``cpu_seconds`` (user + system) of it: on a
+  shared machine the CPU time varies less than the wall time;
 - for reads, ``max_err`` per key against the original (after the peak was taken), with the
   order of formats that reorder Gaussians undone by matching centres.
 
@@ -20,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 BOX, GRID = 10.0, 1024
 CELL = 2 * BOX / GRID
@@ -94,6 +100,8 @@ def _errors(model: dict[str, np.ndarray], got: dict) -> dict[str, float]:
 
 def child(action: str, fmt: str, folder: Path) -> dict:
     """One write or read in this process: seconds, baseline and peak RSS (bytes)."""
+    import resource
+
     import torch
 
     from tilesplat.io import gsplat_ckpt
@@ -103,7 +111,7 @@ def child(action: str, fmt: str, folder: Path) -> dict:
     path = folder / FORMATS[fmt]
     if action == "write":
         splats = {k: torch.from_numpy(v) for k, v in _load(folder).items()}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         if fmt == "gsplat-ckpt":
             gsplat_ckpt.save_gsplat_checkpoint(path, splats, step=0)
         else:
@@ -111,22 +119,25 @@ def child(action: str, fmt: str, folder: Path) -> dict:
         seconds = time.perf_counter() - t0
         report = {"bytes": path.stat().st_size}
     else:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         if fmt == "gsplat-ckpt":
             data = gsplat_ckpt.read_gsplat_checkpoint(path)[0]
         else:
             data = read_gaussians(path)
         seconds = time.perf_counter() - t0
         report = {}
-    report.update(seconds=seconds, baseline=baseline * 1024,
+    c1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+    report.update(seconds=seconds, cpu_seconds=cpu, baseline=baseline * 1024,
                   peak=(_rss_kb("VmHWM") - baseline) * 1024)  # fmt: skip
     if action == "read":
         report["max_err"] = _errors(_load(folder, "r"), data.gaussians)
     return report
 
 
-def run_all(n: int, folder: Path, formats: list[str]) -> dict:
-    """Every format written then read, each in a fresh child: the report (a dict)."""
+def run_all(n: int, folder: Path, formats: list[str], in_process: bool = False) -> dict:
+    """Every format written then read, each in a fresh child (or, ``in_process``, all in
+    this process: quick, but the peaks then mix): the report (a dict)."""
     model = make_model(n)
     for k, v in model.items():
         np.save(folder / f"{k}.npy", v)
@@ -136,6 +147,9 @@ def run_all(n: int, folder: Path, formats: list[str]) -> dict:
     for fmt in formats:
         row = {}
         for action in ("write", "read"):
+            if in_process:
+                row[action] = child(action, fmt, folder)
+                continue
             out = subprocess.run(
                 [sys.executable, __file__, "--child", action, fmt, str(folder)],
                 capture_output=True, text=True, check=False,
@@ -151,16 +165,72 @@ def table(report: dict) -> str:
     """The report as a Markdown table."""
     mb, model = 1 << 20, report["model_bytes"]
     lines = [f"{report['gaussians']} Gaussians, SH degree 3, model {model / mb:.0f} MB",
-             "", "| format | file MB | write s | write peak MB (x model) | read s | "
-             "read peak MB (x model) | baseline MB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "", "| format | file MB | write s (CPU s) | write peak MB (x model) | read s "
+             "(CPU s) | read peak MB (x model) | baseline MB |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for fmt, row in report["formats"].items():
         w, r = row["write"], row["read"]
         lines.append(
-            f"| {fmt} | {w['bytes'] / mb:.0f} | {w['seconds']:.1f} | {w['peak'] / mb:.0f} "
-            f"({w['peak'] / model:.2f}) | {r['seconds']:.1f} | {r['peak'] / mb:.0f} "
+            f"| {fmt} | {w['bytes'] / mb:.0f} | {w['seconds']:.1f} ({w['cpu_seconds']:.0f}) | "
+            f"{w['peak'] / mb:.0f} ({w['peak'] / model:.2f}) | {r['seconds']:.1f} "
+            f"({r['cpu_seconds']:.0f}) | {r['peak'] / mb:.0f} "
             f"({r['peak'] / model:.2f}) | {r['baseline'] / mb:.0f} |"
         )
     return "\n".join(lines)
+
+
+def _render(g: dict, size: int = 192) -> torch.Tensor:
+    """Images [4, size, size, 3] of Gaussians ``g`` (tensors) from four cameras around the
+    box (CPU backend)."""
+    import torch
+
+    from tilesplat import rasterization
+
+    views = []
+    for yaw in (0.0, 1.6, 3.1, 4.7):
+        eye = torch.tensor([30 * math.sin(yaw), -8.0, -30 * math.cos(yaw)])
+        fwd = -eye / eye.norm()
+        right = torch.linalg.cross(torch.tensor([0.0, 1.0, 0.0]), fwd)
+        right /= right.norm()
+        down = torch.linalg.cross(fwd, right)
+        rot = torch.stack([right, down, fwd])  # world -> camera rows
+        v = torch.eye(4)
+        v[:3, :3], v[:3, 3] = rot, -rot @ eye
+        views.append(v)
+    f = size * 1.0
+    ks = torch.tensor([[f, 0, size / 2], [0, f, size / 2], [0, 0, 1]]).expand(4, 3, 3)
+    colors = torch.cat([g["sh0"], g["shN"]], 1)
+    img, _, _ = rasterization(g["means"], g["quats"], g["scales"].exp(), g["opacities"].sigmoid(),
+                              colors, torch.stack(views), ks, size, size, sh_degree=3,
+                              backend="cpu")  # fmt: skip
+    return img.clamp(0, 1)
+
+
+def compare_sog(n: int, folder: Path, tool: Path) -> dict:
+    """Our SOG and splat-transform's of one random model of ``n`` Gaussians: file bytes,
+    write seconds and the PSNR (dB) of CPU renders of each against the original's."""
+    import torch
+
+    from tilesplat.io.gaussians import read_gaussians, save_gaussians
+
+    model = {k: torch.from_numpy(v) for k, v in make_model(n).items()}
+    save_gaussians(folder / "model.ply", model)
+    t0 = time.perf_counter()
+    save_gaussians(folder / "ours.sog", model)
+    ours_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run([str(tool), "-q", "-w", "-g", "cpu", str(folder / "model.ply"),
+                    str(folder / "theirs.sog")], check=True, capture_output=True)  # fmt: skip
+    theirs_s = time.perf_counter() - t0
+    ref = _render(model)
+    out = {"gaussians": n}
+    for name, seconds in (("ours", ours_s), ("splat-transform", theirs_s)):
+        file = folder / ("ours.sog" if name == "ours" else "theirs.sog")
+        img = _render(read_gaussians(file).gaussians)
+        mse = float(((img - ref) ** 2).mean())
+        out[name] = {"bytes": file.stat().st_size, "seconds": seconds,
+                     "psnr": 10 * math.log10(1 / max(mse, 1e-12))}  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,10 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated names")
     p.add_argument("--out", type=Path, help="folder for the files (default: a temp folder)")
     p.add_argument("--json", type=Path, help="write the report here too")
+    p.add_argument("--compare-sog", type=Path, metavar="SPLAT_TRANSFORM",
+                   help="instead: our SOG against this splat-transform's at --gaussians")
+    p.add_argument("--in-process", action="store_true",
+                   help="no child processes (quick; the peak RSS numbers then mix)")
     p.add_argument("--child", nargs=3, metavar=("ACTION", "FORMAT", "DIR"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], Path(args.child[2]))))
+        return 0
+    if args.compare_sog:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = compare_sog(args.gaussians, Path(tmp), args.compare_sog)
+        print(json.dumps(result, indent=1))
         return 0
     formats = args.formats.split(",")
     unknown = [f for f in formats if f not in FORMATS]
@@ -181,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        report = run_all(args.gaussians, folder, formats)
+        report = run_all(args.gaussians, folder, formats, args.in_process)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(table(report))
