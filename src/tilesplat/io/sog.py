@@ -313,11 +313,13 @@ def read_sog(path: str | Path) -> SplatData:
         if not (np.isfinite(mins).all() and np.isfinite(maxs).all()):
             raise ValueError(f"{path}: meta.json means.mins / maxs hold a value that is not finite")
         names = _files_of(meta, "means", 2, path)
-        lo_t = _image(files, names[0], lo, hi)[:n].astype(np.uint32)
-        hi_t = _image(files, names[1], lo, hi)[:n].astype(np.uint32)
-        q16 = (lo_t[:, :3] | (hi_t[:, :3] << 8)).astype(np.float64) / 65535
+        lo_t = _image(files, names[0], lo, hi)[:n, :3].astype(np.uint32)
+        hi_t = _image(files, names[1], lo, hi)[:n, :3].astype(np.uint32)
+        q16 = (lo_t | (hi_t << 8)).astype(np.float64) / 65535
+        del lo_t, hi_t  # the decoder's temporaries go as soon as they are used
         with np.errstate(over="ignore"):
-            means = _inv_log_transform(mins + (maxs - mins) * q16)
+            means = _inv_log_transform(mins + (maxs - mins) * q16).astype(np.float32)
+        del q16
         qt = _image(files, _files_of(meta, "quats", 1, path)[0], lo, hi)[:n]
         tag = qt[:, 3].astype(np.int64)
         if ((tag < 252) | (tag > 255)).any():
@@ -329,6 +331,8 @@ def read_sog(path: str | Path) -> SplatData:
         np.put_along_axis(quats, _OTHERS[largest], three, axis=1)
         big = np.sqrt(np.maximum(0.0, 1 - (three * three).sum(1)))
         np.put_along_axis(quats, largest[:, None], big[:, None], axis=1)
+        quats = quats.astype(np.float32)
+        del qt, tag, largest, three, big
         st = _image(files, _files_of(meta, "scales", 1, path)[0], lo, hi)[:n]
         scales = _lookup(path, _codebook(path, meta, "scales"), st[:, :3], "scales")
         ct = _image(files, _files_of(meta, "sh0", 1, path)[0], lo, hi)[:n]
@@ -347,8 +351,9 @@ def read_sog(path: str | Path) -> SplatData:
             cen_name, lab_name = _files_of(meta, "shN", 2, path)
             rows = math.ceil(p / 64)
             cen = _image(files, cen_name, 64 * c * rows, 64 * c * rows, (64 * c, rows))
-            lab = _image(files, lab_name, lo, hi)[:n].astype(np.int64)
+            lab = _image(files, lab_name, lo, hi)[:n, :2].astype(np.int32)
             label = lab[:, 0] | (lab[:, 1] << 8)
+            del lab
             if int(label.max()) >= p:
                 raise ValueError(f"{path}: SH palette label {int(label.max())} past its {p} "
                                  "entries")  # fmt: skip
