@@ -45,6 +45,7 @@ SPLAT_KEYS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 # positions alone do not compress that far).
 MAX_EXPANSION = 1024
 _CHUNK = 1 << 22  # decompress in 4 MiB steps: memory follows what the stream really holds
+_ROWS = 1 << 18  # Gaussians checked at a time
 
 
 @dataclass
@@ -260,10 +261,11 @@ def check_finite(path: Path, arrays: dict[str, np.ndarray], prefix: str = "") ->
     field and the first Gaussian at fault)."""
     where = f"{prefix} {path}".strip()
     for name, arr in arrays.items():
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            i = int(np.argwhere(bad.reshape(len(arr), -1).any(axis=1))[0, 0])
-            raise ValueError(f"{where}: {name} of Gaussian {i} is not finite")
+        for s in range(0, len(arr), _ROWS):  # a block at a time: no model-sized mask
+            bad = ~np.isfinite(arr[s : s + _ROWS])
+            if bad.any():
+                i = s + int(np.argwhere(bad.reshape(len(bad), -1).any(axis=1))[0, 0])
+                raise ValueError(f"{where}: {name} of Gaussian {i} is not finite")
     zero = ~np.any(arrays["quats"] != 0.0, axis=1)
     if zero.any():
         raise ValueError(f"{where}: the rotation of Gaussian {int(np.argmax(zero))} is zero")

@@ -48,6 +48,7 @@ CHUNK_PROPS = ("min_x", "min_y", "min_z", "max_x", "max_y", "max_z",
                "min_r", "min_g", "min_b", "max_r", "max_g", "max_b")  # fmt: skip
 VERTEX_PROPS = ("packed_position", "packed_rotation", "packed_scale", "packed_color")
 _ALPHA_EPS = 0.5 / 255.0
+_BLOCK = CHUNK * 256  # Gaussians packed or unpacked at a time
 
 
 def part1by2_vec(x: torch.Tensor) -> torch.Tensor:
@@ -137,12 +138,29 @@ def splat2ply_bytes_compressed(
         keep = torch.sigmoid(opacities) > opacity_threshold
         means, scales, quats = means[keep], scales[keep], quats[keep]
         opacities, sh0, shN = opacities[keep], sh0[keep], shN[keep]
+    n = means.shape[0]
+    order = sort_centers(means, torch.arange(n))
+    chunks, words, sh_bytes = _pack_sorted(means[order], scales[order], quats[order],
+                                           opacities[order], sh0[order], shN[order],
+                                           chunk_max_size)  # fmt: skip
+    header = _header(len(chunks), n, shN.shape[1], comments)
+    return b"".join([
+        header,
+        chunks.detach().cpu().numpy().astype("<f4").tobytes(),
+        words.cpu().numpy().astype("<u4").tobytes(),
+        sh_bytes.cpu().numpy().tobytes(),
+    ])
+
+
+def _pack_sorted(means: torch.Tensor, scales: torch.Tensor, quats: torch.Tensor,
+                 opacities: torch.Tensor, sh0: torch.Tensor, shN: torch.Tensor,
+                 chunk_max_size: int = CHUNK) -> tuple[torch.Tensor, ...]:
+    """Gaussians already in file order (the arguments of :func:`splat2ply_bytes_compressed`,
+    ``M`` rows from a chunk boundary) packed: (chunks [C, 18] float32, words [M, 4] int64,
+    SH bytes [M, R] uint8)."""
     colors = sh0_to_rgb(sh0)
     n = means.shape[0]
     n_chunks = -(-n // chunk_max_size)
-    order = sort_centers(means, torch.arange(n))
-    means, scales, quats = means[order], scales[order], quats[order]
-    opacities, colors, shN = opacities[order], colors[order], shN[order]
     chunk_of = torch.arange(n) // chunk_max_size
 
     m_lo, m_hi = _chunk_bounds(means, chunk_of, n_chunks)
@@ -163,23 +181,21 @@ def splat2ply_bytes_compressed(
         pack_8888(col[:, 0], col[:, 1], col[:, 2], torch.sigmoid(opacities)),
     ], dim=1)  # [N, 4]
     sh_bytes = torch.clamp(torch.trunc((shN / 8 + 0.5) * 256), 0, 255).to(torch.uint8)
+    return chunks, words, sh_bytes
 
-    header = (
+
+def _header(n_chunks: int, n: int, rest: int, comments: tuple[str, ...]) -> bytes:
+    """The PLY header of a compressed PLY: chunks, vertices, ``rest`` SH bytes each."""
+    return (
         "ply\nformat binary_little_endian 1.0\n"
         + "".join(f"comment {c}\n" for c in comments)
         + f"element chunk {n_chunks}\n" + "".join(f"property float {p}\n" for p in CHUNK_PROPS)
         + f"element vertex {n}\n"
         + "".join(f"property uint {p}\n" for p in VERTEX_PROPS)
         + f"element sh {n}\n"
-        + "".join(f"property uchar f_rest_{j}\n" for j in range(shN.shape[1]))
+        + "".join(f"property uchar f_rest_{j}\n" for j in range(rest))
         + "end_header\n"
-    )
-    return b"".join([
-        header.encode("ascii"),
-        chunks.detach().cpu().numpy().astype("<f4").tobytes(),
-        words.cpu().numpy().astype("<u4").tobytes(),
-        sh_bytes.cpu().numpy().tobytes(),
-    ])
+    ).encode("ascii")
 
 
 def save_compressed_ply(
@@ -192,14 +208,27 @@ def save_compressed_ply(
     check_writable(a, "compressed PLY", 3)
     t = {k: torch.from_numpy(v) for k, v in a.items()}
     n, rest = a["shN"].shape[:2]
-    shn = t["shN"].permute(0, 2, 1).reshape(n, 3 * rest)  # channel-major
-    data = splat2ply_bytes_compressed(
-        t["means"], t["scales"], t["quats"], t["opacities"], t["sh0"][:, 0, :], shn,
-        opacity_threshold=None, comments=(MIP_COMMENT,) if antialiased else (),
-    )  # fmt: skip
+    order = sort_centers(t["means"], torch.arange(n))
+    n_chunks = -(-n // CHUNK)
+    chunks = torch.empty((n_chunks, len(CHUNK_PROPS)))
+    words = np.empty((n, 4), "<u4")  # 16 + 3 R bytes a Gaussian: what the file holds
+    sh_bytes = np.empty((n, 3 * rest), np.uint8)
+    for s in range(0, n, _BLOCK):  # blocks of whole chunks: the same bytes as one pass
+        idx = order[s : s + _BLOCK]
+        c, w, b = _pack_sorted(
+            t["means"][idx], t["scales"][idx], t["quats"][idx], t["opacities"][idx],
+            t["sh0"][idx, 0, :], t["shN"][idx].permute(0, 2, 1).reshape(len(idx), 3 * rest),
+        )  # fmt: skip
+        chunks[s // CHUNK : s // CHUNK + len(c)] = c
+        words[s : s + len(idx)] = w.numpy()
+        sh_bytes[s : s + len(idx)] = b.numpy()
+    comments = (MIP_COMMENT,) if antialiased else ()
     path = Path(path)
     with atomic_writer(path) as f:
-        f.write(data)
+        f.write(_header(n_chunks, n, 3 * rest, comments))
+        f.write(chunks.numpy().astype("<f4").tobytes())
+        f.write(words.reshape(-1).view(np.uint8))
+        f.write(sh_bytes.reshape(-1))
     return path
 
 
@@ -252,40 +281,56 @@ def decode_compressed_ply(path: Path, raw: bytes, header: Header) -> SplatData:
             start = header.offset_of(path, el.name)
             check_count(path, el.count, len(raw) - start, dtype.itemsize, f"element {el.name}")
             elements[el.name] = np.frombuffer(raw, dtype, count=el.count, offset=start)
-        c, v = elements["chunk"], elements["vertex"]
-        ci = np.arange(n) // CHUNK
+        out = {"means": np.empty((n, 3), np.float32), "scales": np.empty((n, 3), np.float32),
+               "quats": np.empty((n, 4), np.float32), "opacities": np.empty(n, np.float32),
+               "sh0": np.empty((n, 1, 3), np.float32),
+               "shN": np.empty((n, len(rest) // 3, 3), np.float32)}  # fmt: skip
+        for s in range(0, n, _BLOCK):
+            e = min(n, s + _BLOCK)
+            sh = elements["sh"][s:e] if rest else None
+            part = _decode_block(elements["chunk"], elements["vertex"][s:e], sh, s, has_color)
+            for k, val in part.items():
+                out[k][s:e] = val
+    return decoded(path, out, header.antialiased(), notes)
 
-        def lerp(prefix_lo: str, prefix_hi: str, t: np.ndarray) -> np.ndarray:
-            lo = np.stack([c[p].astype(np.float64) for p in prefix_lo.split()], 1)[ci]
-            hi = np.stack([c[p].astype(np.float64) for p in prefix_hi.split()], 1)[ci]
-            return lo * (1 - t) + hi * t
 
-        pp, pr, ps, pc = (v[p].astype(np.uint32) for p in VERTEX_PROPS)
-        t_pos = np.stack([_unorm(pp, 21, 11), _unorm(pp, 11, 10), _unorm(pp, 0, 11)], 1)
-        means = lerp("min_x min_y min_z", "max_x max_y max_z", t_pos)
-        t_scl = np.stack([_unorm(ps, 21, 11), _unorm(ps, 11, 10), _unorm(ps, 0, 11)], 1)
-        scales = lerp("min_scale_x min_scale_y min_scale_z",
-                      "max_scale_x max_scale_y max_scale_z", t_scl)  # fmt: skip
-        three = np.stack([_unorm(pr, 20, 10), _unorm(pr, 10, 10), _unorm(pr, 0, 10)], 1)
-        three = (three - 0.5) * math.sqrt(2.0)
-        largest = (pr >> 30).astype(np.int64)
-        others = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])[largest]
-        quats = np.zeros((n, 4))
-        np.put_along_axis(quats, others, three, axis=1)
-        big = np.sqrt(np.maximum(0.0, 1.0 - (three * three).sum(1)))
-        np.put_along_axis(quats, largest[:, None], big[:, None], axis=1)
-        t_col = np.stack([_unorm(pc, 24, 8), _unorm(pc, 16, 8), _unorm(pc, 8, 8)], 1)
-        colors = lerp("min_r min_g min_b", "max_r max_g max_b", t_col) if has_color else t_col
-        alpha = np.clip(_unorm(pc, 0, 8), _ALPHA_EPS, 1 - _ALPHA_EPS)
-        sh_n = np.zeros((n, 0, 3))
-        if rest:
-            b = np.stack([elements["sh"][p] for p in rest], 1).astype(np.float64)
-            nrm = np.where(b == 0, 0.0, np.where(b == 255, 1.0, (b + 0.5) / 256))
-            sh_n = ((nrm - 0.5) * 8).reshape(n, 3, len(rest) // 3).transpose(0, 2, 1)
-    arrays = {"means": means, "scales": scales, "quats": quats,
-              "opacities": np.log(alpha / (1 - alpha)), "sh0": rgb_to_sh0(colors)[:, None, :],
-              "shN": sh_n}  # fmt: skip
-    return decoded(path, arrays, header.antialiased(), notes)
+def _decode_block(c: np.ndarray, v: np.ndarray, sh: np.ndarray | None, s: int,
+                  has_color: bool) -> dict[str, np.ndarray]:
+    """Gaussians ``s .. s + M`` (float64, :data:`~._checks.SPLAT_KEYS`) of the chunk records
+    ``c`` [C], vertex records ``v`` [M] and SH records ``sh`` [M] (or None)."""
+    n = len(v)
+    ci = (np.arange(n) + s) // CHUNK
+
+    def lerp(prefix_lo: str, prefix_hi: str, t: np.ndarray) -> np.ndarray:
+        lo = np.stack([c[p].astype(np.float64) for p in prefix_lo.split()], 1)[ci]
+        hi = np.stack([c[p].astype(np.float64) for p in prefix_hi.split()], 1)[ci]
+        return lo * (1 - t) + hi * t
+
+    pp, pr, ps, pc = (v[p].astype(np.uint32) for p in VERTEX_PROPS)
+    t_pos = np.stack([_unorm(pp, 21, 11), _unorm(pp, 11, 10), _unorm(pp, 0, 11)], 1)
+    means = lerp("min_x min_y min_z", "max_x max_y max_z", t_pos)
+    t_scl = np.stack([_unorm(ps, 21, 11), _unorm(ps, 11, 10), _unorm(ps, 0, 11)], 1)
+    scales = lerp("min_scale_x min_scale_y min_scale_z",
+                  "max_scale_x max_scale_y max_scale_z", t_scl)  # fmt: skip
+    three = np.stack([_unorm(pr, 20, 10), _unorm(pr, 10, 10), _unorm(pr, 0, 10)], 1)
+    three = (three - 0.5) * math.sqrt(2.0)
+    largest = (pr >> 30).astype(np.int64)
+    others = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])[largest]
+    quats = np.zeros((n, 4))
+    np.put_along_axis(quats, others, three, axis=1)
+    big = np.sqrt(np.maximum(0.0, 1.0 - (three * three).sum(1)))
+    np.put_along_axis(quats, largest[:, None], big[:, None], axis=1)
+    t_col = np.stack([_unorm(pc, 24, 8), _unorm(pc, 16, 8), _unorm(pc, 8, 8)], 1)
+    colors = lerp("min_r min_g min_b", "max_r max_g max_b", t_col) if has_color else t_col
+    alpha = np.clip(_unorm(pc, 0, 8), _ALPHA_EPS, 1 - _ALPHA_EPS)
+    out = {"means": means, "scales": scales, "quats": quats,
+           "opacities": np.log(alpha / (1 - alpha)), "sh0": rgb_to_sh0(colors)[:, None, :]}
+    if sh is not None:
+        names = sh.dtype.names
+        b = np.stack([sh[p] for p in names], 1).astype(np.float64)
+        nrm = np.where(b == 0, 0.0, np.where(b == 255, 1.0, (b + 0.5) / 256))
+        out["shN"] = ((nrm - 0.5) * 8).reshape(n, 3, len(names) // 3).transpose(0, 2, 1)
+    return out
 
 
 def read_compressed_ply(path: str | Path) -> SplatData:

@@ -23,9 +23,13 @@ external buffer, or a required extension other than this one is refused rather t
 
 from __future__ import annotations
 
+import io
 import json
+import mmap
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -39,12 +43,11 @@ from ._checks import (
     check_writable,
     decoded,
     malformed,
-    read_file,
     sh_degree,
     split_sh,
 )
 from .atomic import atomic_writer
-from .axes import GLTF_FRAME, PLY_FRAME, change_frame
+from .axes import GLTF_FRAME, PLY_FRAME, change_frame, frame_matrix
 
 EXT = "KHR_gaussian_splatting"
 MAGIC = 0x46546C67  # "glTF"
@@ -56,6 +59,7 @@ _WIDTH = {"SCALAR": 1, "VEC2": 2, "VEC3": 3, "VEC4": 4}
 _IDENTITY = {"matrix": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1],
              "translation": [0, 0, 0], "rotation": [0, 0, 0, 1], "scale": [1, 1, 1]}  # fmt: skip
 _OPACITY_EPS = 1e-7
+_BLOCK = 1 << 16  # Gaussians converted and written at a time
 
 
 def _sh_names(degree: int) -> list[str]:
@@ -63,15 +67,10 @@ def _sh_names(degree: int) -> list[str]:
     return [f"{EXT}:SH_DEGREE_{d}_COEF_{m}" for d in range(degree + 1) for m in range(2 * d + 1)]
 
 
-def encode_glb(splats: dict[str, torch.Tensor]) -> bytes:
-    """The ``.glb`` bytes of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3; see
-    the module docstring)."""
-    a = as_arrays(splats)
-    check_writable(a, "glTF KHR_gaussian_splatting", 3)
-    if (a["scales"] > 88.0).any():
-        raise ValueError("scales: a scale above exp(88) does not fit a float32 SCALE")
+def _attributes(a: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, int, str, bool]]:
+    """(name, values [M, width], component type, type, normalised) of every attribute of the
+    Gaussians ``a`` (the 3DGS frame, M rows), in the file's order."""
     a = change_frame(a, PLY_FRAME, GLTF_FRAME)
-    n = len(a["means"])
     q = a["quats"].astype(np.float64)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     opacity = 1.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64)))
@@ -81,27 +80,41 @@ def encode_glb(splats: dict[str, torch.Tensor]) -> bytes:
         ("COLOR_0", np.clip(np.round(rgba * 255), 0, 255).astype(np.uint8), 5121, "VEC4", True),
         (f"{EXT}:ROTATION", q[:, [1, 2, 3, 0]], 5126, "VEC4", False),
         (f"{EXT}:SCALE", np.exp(a["scales"].astype(np.float64)), 5126, "VEC3", False),
-        (f"{EXT}:OPACITY", opacity, 5126, "SCALAR", False),
+        (f"{EXT}:OPACITY", opacity[:, None], 5126, "SCALAR", False),
     ]
     sh = all_sh(a)  # one attribute per coefficient, 0 .. K - 1
     for j, name in enumerate(_sh_names(sh_degree(a))):
         attrs.append((name, sh[:, j, :], 5126, "VEC3", False))
-    views, accessors, attributes, blobs, offset = [], [], {}, [], 0
-    for i, (name, arr, ctype, kind, norm) in enumerate(attrs):
-        data = np.ascontiguousarray(arr, _COMPONENTS[ctype][0]).tobytes()
-        views.append({"buffer": 0, "byteOffset": offset, "byteLength": len(data),
+    return attrs
+
+
+def _write_glb(f: BinaryIO, splats: dict[str, torch.Tensor]) -> None:
+    """The ``.glb`` of the Gaussians written to the seekable ``f``: the JSON first, then
+    the binary chunk filled a block of Gaussians at a time (one view per attribute)."""
+    a = as_arrays(splats)
+    check_writable(a, "glTF KHR_gaussian_splatting", 3)
+    if (a["scales"] > 88.0).any():
+        raise ValueError("scales: a scale above exp(88) does not fit a float32 SCALE")
+    n = len(a["means"])
+    first = _attributes({k: v[:1] for k, v in a.items()})
+    m = frame_matrix(PLY_FRAME, GLTF_FRAME)
+    lo, hi = np.full(3, np.inf, np.float32), np.full(3, -np.inf, np.float32)
+    for s in range(0, n, _BLOCK):  # POSITION's bounds, as change_frame computes the means
+        p = (a["means"][s : s + _BLOCK].astype(np.float64) @ m.T).astype(np.float32)
+        lo, hi = np.minimum(lo, p.min(0)), np.maximum(hi, p.max(0))
+    views, accessors, attributes, offset = [], [], {}, 0
+    for i, (name, _, ctype, kind, norm) in enumerate(first):
+        length = n * _WIDTH[kind] * np.dtype(_COMPONENTS[ctype][0]).itemsize
+        views.append({"buffer": 0, "byteOffset": offset, "byteLength": length,
                       "target": 34962})  # fmt: skip
         acc = {"bufferView": i, "componentType": ctype, "count": n, "type": kind}
         if norm:
             acc["normalized"] = True
         if name == "POSITION":
-            acc["min"] = a["means"].min(0).tolist()
-            acc["max"] = a["means"].max(0).tolist()
+            acc["min"], acc["max"] = lo.tolist(), hi.tolist()
         accessors.append(acc)
         attributes[name] = i
-        pad = -len(data) % 4
-        blobs.append(data + bytes(pad))
-        offset += len(data) + pad
+        offset += length + (-length % 4)
     gltf = {
         "asset": {"version": "2.0", "generator": "tilesplat"},
         "extensionsUsed": [EXT],
@@ -121,20 +134,36 @@ def encode_glb(splats: dict[str, torch.Tensor]) -> bytes:
     js = json.dumps(gltf, separators=(",", ":")).encode("utf-8")
     js += b" " * (-len(js) % 4)
     total = 12 + 8 + len(js) + 8 + offset
-    return b"".join([struct.pack("<III", MAGIC, 2, total), struct.pack("<II", len(js), CHUNK_JSON),
-                     js, struct.pack("<II", offset, CHUNK_BIN), *blobs])  # fmt: skip
+    f.write(struct.pack("<III", MAGIC, 2, total) + struct.pack("<II", len(js), CHUNK_JSON) + js
+            + struct.pack("<II", offset, CHUNK_BIN))  # fmt: skip
+    base = f.tell()
+    for s in range(0, n, _BLOCK):
+        block = _attributes({k: v[s : s + _BLOCK] for k, v in a.items()})
+        for view, (_, arr, ctype, _, _) in zip(views, block, strict=True):
+            data = np.ascontiguousarray(arr, _COMPONENTS[ctype][0])
+            f.seek(base + view["byteOffset"] + s * (view["byteLength"] // n))
+            f.write(memoryview(data).cast("B"))
+    f.seek(base + offset)
+    f.truncate()  # the padding of the last view, if any, as zeros
+
+
+def encode_glb(splats: dict[str, torch.Tensor]) -> bytes:
+    """The ``.glb`` bytes of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3; see
+    the module docstring)."""
+    buf = io.BytesIO()
+    _write_glb(buf, splats)
+    return buf.getvalue()
 
 
 def save_glb(
     path: str | Path, splats: dict[str, torch.Tensor], antialiased: bool = False
 ) -> Path:
     """Write Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3) as a ``.glb``,
-    atomically. The extension has no antialiased flag: ``antialiased`` is accepted and not
-    recorded."""
-    data = encode_glb(splats)
+    atomically, a block of Gaussians at a time. The extension has no antialiased flag:
+    ``antialiased`` is accepted and not recorded."""
     path = Path(path)
     with atomic_writer(path) as f:
-        f.write(data)
+        _write_glb(f, splats)
     return path
 
 
@@ -149,8 +178,10 @@ class _Gltf:
             raise ValueError(f"{self.path}: glTF {key}[{i!r}] does not exist")
         return items[i]
 
-    def accessor(self, index: object, what: str) -> tuple[np.ndarray, int]:
-        """(values [count, width] float64, count) of accessor ``index``."""
+    def accessor(self, index: object, what: str, s: int = 0,
+                 e: int | None = None) -> tuple[np.ndarray, int]:
+        """(values [e - s, width] float64 of rows ``s .. e`` (all by default), count) of
+        accessor ``index``."""
         acc = self.get("accessors", index)
         if "sparse" in acc:
             raise ValueError(f"{self.path}: {what}: sparse accessors are not supported")
@@ -182,7 +213,8 @@ class _Gltf:
         rows = np.lib.stride_tricks.as_strided(
             np.frombuffer(self.bin, np.uint8, count=stride * (count - 1) + item, offset=start),
             (count, item), (stride, 1))  # fmt: skip
-        values = np.ascontiguousarray(rows).view(code).reshape(count, width).astype(np.float64)
+        rows = rows[s:e]
+        values = np.ascontiguousarray(rows).view(code).reshape(len(rows), width).astype(np.float64)
         if acc.get("normalized") and scale is not None:
             values = np.maximum(values / scale, -1.0)
         return values, count
@@ -213,6 +245,16 @@ def _parse(path: Path, raw: bytes) -> _Gltf:
     return _Gltf(path, doc, binary)
 
 
+def _mapped(path: Path) -> bytes | mmap.mmap:
+    """The bytes of ``path``, memory-mapped read-only (empty bytes for an empty file)."""
+    if not path.is_file():
+        raise FileNotFoundError(f".glb file not found: {path}")
+    if path.stat().st_size == 0:
+        return b""
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 def read_glb(path: str | Path) -> SplatData:
     """Read the Gaussians of a ``.glb`` with ``KHR_gaussian_splatting`` primitives
     (:data:`~._checks.SPLAT_KEYS`) in the 3DGS frame.
@@ -224,7 +266,7 @@ def read_glb(path: str | Path) -> SplatData:
             scale below zero or an opacity outside [0, 1], values that are not finite.
     """
     path = Path(path)
-    raw = read_file(path, ".glb")
+    raw = _mapped(path)
     notes: list[str] = []
     with malformed(path, "glTF"):
         g = _parse(path, raw)
@@ -245,17 +287,32 @@ def read_glb(path: str | Path) -> SplatData:
                     parts.append(_primitive(g, prim, f"mesh {m} primitive {p}", notes))
         if not parts:
             raise ValueError(f"{path}: no primitive with the {EXT} extension")
-        k = max(part["sh"].shape[1] for part in parts)
-        for part in parts:  # primitives of lower SH degree get zero higher bands
-            pad = k - part["sh"].shape[1]
-            part["sh"] = np.concatenate([part["sh"], np.zeros((len(part["sh"]), pad, 3))], 1)
-        arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-        arrays |= split_sh(arrays.pop("sh"))
-    arrays = change_frame(arrays, GLTF_FRAME, PLY_FRAME)
-    return decoded(path, arrays, False, notes)
+        k = max(kj for _, kj, _ in parts)
+        n = sum(count for count, _, _ in parts)
+        out = {"means": np.empty((n, 3), np.float32), "scales": np.empty((n, 3), np.float32),
+               "quats": np.empty((n, 4), np.float32), "opacities": np.empty(n, np.float32),
+               "sh0": np.empty((n, 1, 3), np.float32),
+               "shN": np.empty((n, k - 1, 3), np.float32)}  # fmt: skip
+        at = 0
+        for count, kj, rows in parts:  # a block at a time, converted to the 3DGS frame
+            for s in range(0, count, _BLOCK):
+                e = min(count, s + _BLOCK)
+                part = rows(s, e)
+                sh = part.pop("sh")  # lower SH degrees get zero higher bands
+                part |= split_sh(np.concatenate([sh, np.zeros((e - s, k - kj, 3))], 1))
+                for key, val in change_frame(part, GLTF_FRAME, PLY_FRAME).items():
+                    out[key][at + s : at + e] = val
+                if isinstance(raw, mmap.mmap):  # the pages read so far leave this process's RSS
+                    raw.madvise(mmap.MADV_DONTNEED)
+            at += count
+    return decoded(path, out, False, notes)
 
 
-def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, np.ndarray]:
+def _primitive(g: _Gltf, prim: dict, where: str,
+               notes: list[str]) -> tuple[int, int, Callable[[int, int], dict]]:
+    """(Gaussians, SH coefficients K, ``rows(s, e)``: Gaussians ``s .. e`` of the primitive,
+    float64 in the glTF frame, ``sh`` [M, K, 3] for ``sh0`` and ``shN``); its attributes
+    checked first, the values of each block when it is read."""
     path = g.path
     attrs = prim.get("attributes")
     if not isinstance(attrs, dict):
@@ -266,13 +323,13 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
     missing = [a for a in need if a not in attrs]
     if missing:
         raise ValueError(f"{path}: {where} lacks the attributes {missing}")
-    vals = {}
+    counts = set()
     for name, width in zip(need, (3, 4, 3, 1), strict=True):
-        vals[name], n = g.accessor(attrs[name], f"{where} {name}")
-        if vals[name].shape[1] != width:
-            raise ValueError(f"{path}: {where} {name} has {vals[name].shape[1]} components, "
+        first, count = g.accessor(attrs[name], f"{where} {name}", 0, 1)
+        counts.add(count)
+        if first.shape[1] != width:
+            raise ValueError(f"{path}: {where} {name} has {first.shape[1]} components, "
                              f"not {width}")  # fmt: skip
-    counts = {len(v) for v in vals.values()}
     degree = -1
     while all(name in attrs for name in _sh_names(degree + 1)) and degree < 3:
         degree += 1
@@ -283,34 +340,40 @@ def _primitive(g: _Gltf, prim: dict, where: str, notes: list[str]) -> dict[str, 
     if degree < 0:
         if "COLOR_0" not in attrs:
             raise ValueError(f"{path}: {where} has neither SH_DEGREE_0_COEF_0 nor COLOR_0")
-        color, _ = g.accessor(attrs["COLOR_0"], f"{where} COLOR_0")
-        sh = rgb_to_sh0(color[:, :3])[:, None, :]
+        counts.add(g.accessor(attrs["COLOR_0"], f"{where} COLOR_0", 0, 1)[1])
         notes.append(f"{path}: {where} has no SH; its colours come from COLOR_0")
-    else:
-        coeffs = []
-        for name in sh_names:
-            c, _ = g.accessor(attrs[name], f"{where} {name}")
-            if c.shape[1] != 3:
-                raise ValueError(f"{path}: {where} {name} is not a VEC3")
-            coeffs.append(c)
-        counts |= {len(c) for c in coeffs}
-        sh = np.stack(coeffs, axis=1)
-    counts.add(len(sh))
+    for name in sh_names:
+        first, count = g.accessor(attrs[name], f"{where} {name}", 0, 1)
+        if first.shape[1] != 3:
+            raise ValueError(f"{path}: {where} {name} is not a VEC3")
+        counts.add(count)
     if len(counts) != 1:
         raise ValueError(f"{path}: {where}'s attributes hold different counts {sorted(counts)}")
-    scale = vals[f"{EXT}:SCALE"]
-    if (scale <= 0).any() or not np.isfinite(scale).all():
-        i = int(np.argmax(~(scale > 0).all(1) | ~np.isfinite(scale).all(1)))
-        raise ValueError(f"{path}: {where}: the scale of Gaussian {i} is not a positive number")
-    opacity = vals[f"{EXT}:OPACITY"][:, 0]
-    if ((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)).any():
-        i = int(np.argmax((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)))
-        raise ValueError(f"{path}: {where}: the opacity of Gaussian {i} is not in [0, 1]")
-    opacity = np.clip(opacity, _OPACITY_EPS, 1 - _OPACITY_EPS)
-    return {
-        "means": vals["POSITION"],
-        "scales": np.log(scale),
-        "quats": vals[f"{EXT}:ROTATION"][:, [3, 0, 1, 2]],
-        "opacities": np.log(opacity / (1 - opacity)),
-        "sh": sh,  # all K coefficients: split once the primitives are padded and joined
-    }
+
+    def rows(s: int, e: int) -> dict[str, np.ndarray]:
+        vals = {name: g.accessor(attrs[name], f"{where} {name}", s, e)[0] for name in need}
+        if degree < 0:
+            color = g.accessor(attrs["COLOR_0"], f"{where} COLOR_0", s, e)[0]
+            sh = rgb_to_sh0(color[:, :3])[:, None, :]
+        else:
+            sh = np.stack([g.accessor(attrs[name], f"{where} {name}", s, e)[0]
+                           for name in sh_names], axis=1)  # fmt: skip
+        scale = vals[f"{EXT}:SCALE"]
+        if (scale <= 0).any() or not np.isfinite(scale).all():
+            i = s + int(np.argmax(~(scale > 0).all(1) | ~np.isfinite(scale).all(1)))
+            raise ValueError(f"{path}: {where}: the scale of Gaussian {i} is not a positive "
+                             "number")  # fmt: skip
+        opacity = vals[f"{EXT}:OPACITY"][:, 0]
+        if ((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)).any():
+            i = s + int(np.argmax((opacity < 0) | (opacity > 1) | ~np.isfinite(opacity)))
+            raise ValueError(f"{path}: {where}: the opacity of Gaussian {i} is not in [0, 1]")
+        opacity = np.clip(opacity, _OPACITY_EPS, 1 - _OPACITY_EPS)
+        return {
+            "means": vals["POSITION"],
+            "scales": np.log(scale),
+            "quats": vals[f"{EXT}:ROTATION"][:, [3, 0, 1, 2]],
+            "opacities": np.log(opacity / (1 - opacity)),
+            "sh": sh,
+        }
+
+    return counts.pop(), (degree + 1) ** 2 if degree >= 0 else 1, rows

@@ -124,7 +124,9 @@ def read_gsplat_checkpoint(target: str | Path) -> tuple[SplatData, int, list[Pat
     degrees = {p["shN"].shape[1] for p in parts}
     if len(degrees) != 1:
         raise ValueError(f"{files[0].parent}: the ranks' checkpoints hold different SH degrees")
-    arrays = {k: torch.cat([p[k] for p in parts]).numpy() for k in KEYS}
+    # one rank's tensors are used as they are (no copy); ranks are joined
+    arrays = {k: (parts[0][k] if len(parts) == 1 else torch.cat([p[k] for p in parts])).numpy()
+              for k in KEYS}  # fmt: skip
     folder = files[0].parent.parent if files[0].parent.name == "ckpts" else files[0].parent
     return decoded(files[0], arrays, _antialiased(folder)), step or 0, files
 
@@ -134,11 +136,10 @@ def save_gsplat_checkpoint(
 ) -> Path:
     """Write the Gaussians (:data:`~._checks.SPLAT_KEYS`) as a gsplat checkpoint ``{"step",
     "splats"}`` (atomically), which gsplat's ``simple_trainer.py --ckpt`` loads."""
-    import io as _io
-
-    from .atomic import atomic_write_bytes
+    from .atomic import atomic_writer
 
     tensors = {k: torch.from_numpy(v) for k, v in as_arrays(splats).items()}
-    buf = _io.BytesIO()
-    torch.save({"step": step, "splats": tensors}, buf)
-    return atomic_write_bytes(path, buf.getvalue())
+    path = Path(path)
+    with atomic_writer(path) as f:  # straight to the file: no copy of the model in memory
+        torch.save({"step": step, "splats": tensors}, f)
+    return path

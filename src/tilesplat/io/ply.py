@@ -25,6 +25,7 @@ messages for truncated or malformed files with no extra dependency.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,10 @@ import torch
 
 from ._checks import SplatData, as_arrays, check_count, decoded, malformed, read_file
 from .atomic import atomic_writer
-from .ply_header import MIP_COMMENT, Element, Header, parse_header
+from .ply_header import MAX_HEADER, MIP_COMMENT, Element, Header, parse_header
 
 _NORMALS = ("nx", "ny", "nz")
+BLOCK = 1 << 16  # Gaussians per block written or read: ~16 MB of records at SH degree 3
 
 
 def sh_rest_count(degree: int) -> int:
@@ -63,15 +65,6 @@ def save_ply(
     a = as_arrays(splats)
     n, rest = len(a["means"]), a["shN"].shape[1]
     names = _property_names(3 * rest)
-    data = np.empty((n, len(names)), "<f4")  # filled in place: no copy of a large model
-    data[:, 0:3] = a["means"]
-    data[:, 3:6] = 0.0
-    data[:, 6:9] = a["sh0"][:, 0, :]
-    r = 9 + 3 * rest
-    data[:, 9:r] = a["shN"].transpose(0, 2, 1).reshape(n, 3 * rest)  # channel-major
-    data[:, r] = a["opacities"]
-    data[:, r + 1 : r + 4] = a["scales"]
-    data[:, r + 4 : r + 8] = a["quats"]
     header = (
         "ply\nformat binary_little_endian 1.0\n"
         + (f"comment {MIP_COMMENT}\n" if antialiased else "")
@@ -80,9 +73,22 @@ def save_ply(
         + "end_header\n"
     )
     path = Path(path)
+    r = 9 + 3 * rest
+    data = np.empty((min(n, BLOCK), len(names)), "<f4")  # one block of records, reused
     with atomic_writer(path) as f:
         f.write(header.encode("ascii"))
-        f.write(memoryview(data).cast("B"))
+        for s in range(0, n, BLOCK):
+            e = min(n, s + BLOCK)
+            d = data[: e - s]
+            d[:, 0:3] = a["means"][s:e]
+            d[:, 3:6] = 0.0
+            d[:, 6:9] = a["sh0"][s:e, 0, :]
+            for c in range(3):  # channel-major in the file
+                d[:, 9 + c * rest : 9 + (c + 1) * rest] = a["shN"][s:e, :, c]
+            d[:, r] = a["opacities"][s:e]
+            d[:, r + 1 : r + 4] = a["scales"][s:e]
+            d[:, r + 4 : r + 8] = a["quats"][s:e]
+            f.write(memoryview(d).cast("B"))
     return path
 
 
@@ -120,6 +126,33 @@ def _is_number(token: bytes) -> bool:
     return True
 
 
+_FIELDS = {"means": ("x", "y", "z"), "scales": ("scale_0", "scale_1", "scale_2"),
+           "quats": ("rot_0", "rot_1", "rot_2", "rot_3"),
+           "sh0": ("f_dc_0", "f_dc_1", "f_dc_2")}  # fmt: skip
+
+
+def _empty(n: int, coeffs: int) -> dict[str, np.ndarray]:
+    """Uninitialised float32 Gaussians (:data:`~._checks.SPLAT_KEYS`) of ``n`` rows and
+    ``coeffs`` higher SH coefficients per colour."""
+    return {"means": np.empty((n, 3), np.float32), "scales": np.empty((n, 3), np.float32),
+            "quats": np.empty((n, 4), np.float32), "opacities": np.empty(n, np.float32),
+            "sh0": np.empty((n, 1, 3), np.float32),
+            "shN": np.empty((n, coeffs, 3), np.float32)}  # fmt: skip
+
+
+def _fill(out: dict[str, np.ndarray], s: int, col: Callable[[str], np.ndarray]) -> None:
+    """Rows ``s .. s + M`` of ``out`` from ``col(property)`` [M] of a block of vertices."""
+    m = len(col("x"))
+    for key, props in _FIELDS.items():
+        dst = out[key].reshape(len(out[key]), -1)
+        for i, p in enumerate(props):
+            dst[s : s + m, i] = col(p)
+    out["opacities"][s : s + m] = col("opacity")
+    coeffs = out["shN"].shape[1]
+    for i in range(3 * coeffs):  # channel-major in the file
+        out["shN"][s : s + m, i % coeffs, i // coeffs] = col(f"f_rest_{i}")
+
+
 def read_ply(path: str | Path) -> SplatData:
     """Read a Gaussian PLY (3DGS layout, or SuperSplat's compressed one): its Gaussians
     (:data:`~._checks.SPLAT_KEYS`), its antialiased comment and notes on what was ignored.
@@ -131,8 +164,11 @@ def read_ply(path: str | Path) -> SplatData:
             truncated data, or a value that is not finite.
     """
     path = Path(path)
-    raw = read_file(path, "PLY")
-    header = parse_header(path, raw)
+    if not path.is_file():
+        raise FileNotFoundError(f"PLY file not found: {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = parse_header(path, f.read(MAX_HEADER))
     vertex = header.element("vertex")
     if vertex is None:
         raise ValueError(f"{path}: no 'element vertex' in the PLY header")
@@ -140,7 +176,7 @@ def read_ply(path: str | Path) -> SplatData:
     if "packed_position" in names:
         from .compressed_ply import decode_compressed_ply
 
-        return decode_compressed_ply(path, raw, header)
+        return decode_compressed_ply(path, read_file(path, "PLY"), header)
     if vertex.has_lists:
         raise ValueError(f"{path}: list properties are not supported in a Gaussian PLY's vertices")
     num_rest = sum(1 for p in names if p.startswith("f_rest_"))
@@ -164,37 +200,21 @@ def read_ply(path: str | Path) -> SplatData:
     n = vertex.count
     with malformed(path, "PLY"):
         if header.fmt == "ascii":
-            values = _ascii_values(path, raw, header, vertex)
+            values = _ascii_values(path, read_file(path, "PLY"), header, vertex)
             index = {p: i for i, p in enumerate(names)}
-
-            def col(p: str) -> np.ndarray:
-                return values[:, index[p]]
-
+            out = _empty(n, num_rest // 3)
+            _fill(out, 0, lambda p: values[:, index[p]])
         else:
             dtype = vertex.dtype(header.order)
             start = header.offset_of(path, "vertex")
-            check_count(path, n, len(raw) - start, dtype.itemsize, "'element vertex'")
-            v = np.frombuffer(raw, dtype=dtype, count=n, offset=start)
-
-            def col(p: str) -> np.ndarray:
-                return v[p]
-
-        def cols(*ps: str) -> np.ndarray:
-            out = np.empty((n, len(ps)), np.float32)
-            for i, p in enumerate(ps):
-                out[:, i] = col(p)
-            return out
-
-        rest = cols(*[f"f_rest_{i}" for i in range(num_rest)]).reshape(n, 3, num_rest // 3)
-        arrays = {
-            "means": cols("x", "y", "z"),
-            "scales": cols("scale_0", "scale_1", "scale_2"),
-            "quats": cols("rot_0", "rot_1", "rot_2", "rot_3"),
-            "opacities": cols("opacity")[:, 0],
-            "sh0": cols("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
-            "shN": rest.transpose(0, 2, 1),  # channel-major in the file
-        }
-    return decoded(path, arrays, header.antialiased(), notes)
+            check_count(path, n, size - start, dtype.itemsize, "'element vertex'")
+            out = _empty(n, num_rest // 3)  # only now: the file holds n vertices
+            with open(path, "rb") as f:  # block by block: the file is never whole in memory
+                f.seek(start)
+                for s in range(0, n, BLOCK):
+                    v = np.fromfile(f, dtype=dtype, count=min(BLOCK, n - s))
+                    _fill(out, s, lambda p, v=v: v[p])
+    return decoded(path, out, header.antialiased(), notes)
 
 
 def load_ply(path: str | Path) -> dict[str, torch.Tensor]:

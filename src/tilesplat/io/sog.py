@@ -17,9 +17,10 @@ Gaussian ``i``, in Morton order of the centres::
                                 coefficients j * C .. j * C + C - 1 (C = 3, 8 or 15 per
                                 colour), each texel's r, g, b an index into meta.shN.codebook
 
-The palette is a k-means of the Gaussians' higher SH (:mod:`.kmeans`, on the CPU): at most
-``SH_PALETTE`` entries, fewer for small models. Pillow encodes and decodes lossless WebP
-(``exact``: the colours of texels whose opacity is 0 are kept). The frame is the PLY's.
+The palette is a k-means of the Gaussians' higher SH (:mod:`.kmeans`, on the CPU) of as
+many entries as splat-transform writes (:func:`palette_size`, up to 65536). Pillow encodes
+and decodes lossless WebP (``exact``: the colours of texels whose opacity is 0 are kept).
+The frame is the PLY's.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ from .atomic import atomic_writer
 from .compressed_ply import sort_centers
 from .kmeans import kmeans, kmeans_1d
 
-SH_PALETTE = 4096  # largest SH palette written (the format allows 65536; CPU k-means time)
 SH_ITERATIONS = 10
 SH_COEFFS = (0, 3, 8, 15)  # per colour, by degree
 _ALPHA_EPS = 0.5 / 255.0
 _MAX_META = 1 << 24  # meta.json of a valid file is a few KB
+_OTHERS = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])  # by the largest's index
 
 
 def _log_transform(v: np.ndarray) -> np.ndarray:
@@ -74,14 +75,26 @@ def _webp(rgba: np.ndarray) -> bytes:
 
 
 def palette_size(n: int) -> int:
-    """SH palette entries for ``n`` Gaussians: a power of two near n / 8, within
-    [1, :data:`SH_PALETTE`]."""
-    return int(min(SH_PALETTE, 2 ** max(0, math.floor(math.log2(max(n / 8, 1))))))
+    """SH palette entries for ``n`` Gaussians, splat-transform's rule: 1024 times a power of
+    two near n / 1024, at most 64 (65536 entries from 2 M Gaussians up; at most ``n``)."""
+    return int(min(n, min(64.0, 2.0 ** math.floor(math.log2(max(n, 1) / 1024))) * 1024))
+
+
+def _quats_bytes(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quaternions [M, 4] as (the three smaller components [M, 3] uint8, the largest's
+    index [M])."""
+    q = q / np.linalg.norm(q, axis=1, keepdims=True)
+    m = np.arange(len(q))
+    largest = np.argmax(np.abs(q), axis=1)
+    q *= np.where(q[m, largest] < 0, -1.0, 1.0).astype(q.dtype)[:, None] * np.sqrt(q.dtype.type(2))
+    three = np.take_along_axis(q, _OTHERS[largest], axis=1)
+    return np.clip(np.round(255 * (three * 0.5 + 0.5)), 0, 255).astype(np.uint8), largest
 
 
 def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> dict[str, bytes]:
     """The files of a SOG of the Gaussians (:data:`~._checks.SPLAT_KEYS`, SH degree <= 3):
-    ``meta.json`` and the WebP textures, by name."""
+    ``meta.json`` and the WebP textures, by name. The model is gathered into Morton order
+    one attribute at a time (the SH never: its labels are reordered instead)."""
     a = as_arrays(splats)
     check_writable(a, "SOG", 3)
     n, degree = len(a["means"]), sh_degree(a)
@@ -90,7 +103,6 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     if w > 16383 or h > 16383:
         raise ValueError(f"SOG textures hold at most 16383 x 16383 Gaussians, got {n}")
     order = sort_centers(torch.from_numpy(a["means"]), torch.arange(n)).numpy()
-    a = {k: v[order] for k, v in a.items()}
 
     def texture(*channels: np.ndarray) -> bytes:
         img = np.zeros((h * w, 4), np.uint8)
@@ -100,26 +112,22 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
         return _webp(img.reshape(h, w, 4))
 
     files: dict[str, bytes] = {}
-    lt = _log_transform(a["means"].astype(np.float64))
+    lt = _log_transform(a["means"][order].astype(np.float64))
     mins, maxs = lt.min(0), lt.max(0)
     span = np.where(maxs > mins, maxs - mins, 1.0)
     q16 = np.clip(np.round((lt - mins) / span * 65535), 0, 65535).astype(np.uint32)
+    del lt
     files["means_l.webp"] = texture(*(q16 & 0xFF).T)
     files["means_u.webp"] = texture(*(q16 >> 8).T)
-
-    q = a["quats"].astype(np.float64)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    largest = np.argmax(np.abs(q), axis=1)
-    q *= np.where(q[np.arange(n), largest] < 0, -1.0, 1.0)[:, None] * math.sqrt(2.0)
-    others = np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])[largest]
-    three = np.take_along_axis(q, others, axis=1)
-    qb = np.clip(np.round(255 * (three * 0.5 + 0.5)), 0, 255).astype(np.uint8)
+    del q16
+    qb, largest = _quats_bytes(a["quats"][order].astype(np.float64))
     files["quats.webp"] = texture(qb[:, 0], qb[:, 1], qb[:, 2], 252 + largest)
+    del qb, largest
 
-    scale_book, scale_lab = kmeans_1d(a["scales"])
+    scale_book, scale_lab = kmeans_1d(a["scales"][order])
     files["scales.webp"] = texture(*scale_lab.T)
-    dc_book, dc_lab = kmeans_1d(a["sh0"][:, 0, :])
-    alpha = 255.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64)))
+    dc_book, dc_lab = kmeans_1d(a["sh0"][order, 0, :])
+    alpha = 255.0 / (1.0 + np.exp(-a["opacities"][order].astype(np.float64)))
     files["sh0.webp"] = texture(*dc_lab.T, np.clip(np.round(alpha), 0, 255))
     meta = {
         "version": 2,
@@ -134,13 +142,14 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     }  # fmt: skip
     if degree:
         c = SH_COEFFS[degree]
-        rest = a["shN"].transpose(0, 2, 1).reshape(n, 3 * c)  # channel-major
-        centroids, labels = kmeans(rest, palette_size(n), SH_ITERATIONS)
-        book, lab = kmeans_1d(centroids)  # [P, 3C] indices
+        # coefficient-major rows: a view, no copy; the centroids go channel-major below
+        centroids, labels = kmeans(a["shN"].reshape(n, 3 * c), palette_size(n), SH_ITERATIONS)
+        labels = labels[order]
+        book, lab = kmeans_1d(centroids)  # [P, C * 3] indices
         p = len(centroids)
         pal = np.zeros((math.ceil(p / 64) * 64, c, 4), np.uint8)
         pal[..., 3] = 255
-        pal[:p, :, :3] = lab.reshape(p, 3, c).transpose(0, 2, 1)
+        pal[:p, :, :3] = lab.reshape(p, c, 3)
         files["shN_centroids.webp"] = _webp(pal.reshape(-1, 64 * c, 4))
         files["shN_labels.webp"] = texture(labels & 0xFF, labels >> 8)
         meta["shN"] = {"count": p, "bands": degree, "codebook": book.tolist(),
@@ -241,7 +250,7 @@ def _codebook(path: Path, meta: dict, key: str) -> np.ndarray:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in book
     ):
         raise ValueError(f"{path}: meta.json {key}.codebook must be 1 to 256 numbers")
-    out = np.array(book, np.float64)
+    out = np.array(book, np.float32)  # written from float32: exact
     if not np.isfinite(out).all():
         raise ValueError(f"{path}: meta.json {key}.codebook holds a value that is not finite")
     return out
@@ -304,11 +313,13 @@ def read_sog(path: str | Path) -> SplatData:
         if not (np.isfinite(mins).all() and np.isfinite(maxs).all()):
             raise ValueError(f"{path}: meta.json means.mins / maxs hold a value that is not finite")
         names = _files_of(meta, "means", 2, path)
-        lo_t = _image(files, names[0], lo, hi)[:n].astype(np.uint32)
-        hi_t = _image(files, names[1], lo, hi)[:n].astype(np.uint32)
-        q16 = (lo_t[:, :3] | (hi_t[:, :3] << 8)).astype(np.float64) / 65535
+        lo_t = _image(files, names[0], lo, hi)[:n, :3].astype(np.uint32)
+        hi_t = _image(files, names[1], lo, hi)[:n, :3].astype(np.uint32)
+        q16 = (lo_t | (hi_t << 8)).astype(np.float64) / 65535
+        del lo_t, hi_t  # the decoder's temporaries go as soon as they are used
         with np.errstate(over="ignore"):
-            means = _inv_log_transform(mins + (maxs - mins) * q16)
+            means = _inv_log_transform(mins + (maxs - mins) * q16).astype(np.float32)
+        del q16
         qt = _image(files, _files_of(meta, "quats", 1, path)[0], lo, hi)[:n]
         tag = qt[:, 3].astype(np.int64)
         if ((tag < 252) | (tag > 255)).any():
@@ -317,16 +328,17 @@ def read_sog(path: str | Path) -> SplatData:
         largest = tag - 252
         three = (qt[:, :3].astype(np.float64) / 255 * 2 - 1) / math.sqrt(2)
         quats = np.zeros((n, 4))
-        np.put_along_axis(quats, np.array([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])[largest],
-                          three, axis=1)  # fmt: skip
+        np.put_along_axis(quats, _OTHERS[largest], three, axis=1)
         big = np.sqrt(np.maximum(0.0, 1 - (three * three).sum(1)))
         np.put_along_axis(quats, largest[:, None], big[:, None], axis=1)
+        quats = quats.astype(np.float32)
+        del qt, tag, largest, three, big
         st = _image(files, _files_of(meta, "scales", 1, path)[0], lo, hi)[:n]
         scales = _lookup(path, _codebook(path, meta, "scales"), st[:, :3], "scales")
         ct = _image(files, _files_of(meta, "sh0", 1, path)[0], lo, hi)[:n]
         dc = _lookup(path, _codebook(path, meta, "sh0"), ct[:, :3], "sh0")
         alpha = np.clip(ct[:, 3] / 255.0, _ALPHA_EPS, 1 - _ALPHA_EPS)
-        sh_n = np.zeros((n, 0, 3))
+        sh_n = np.zeros((n, 0, 3), np.float32)
         if meta.get("shN") is not None:
             shn = meta["shN"]
             degree = shn.get("bands") if isinstance(shn, dict) else None
@@ -339,8 +351,9 @@ def read_sog(path: str | Path) -> SplatData:
             cen_name, lab_name = _files_of(meta, "shN", 2, path)
             rows = math.ceil(p / 64)
             cen = _image(files, cen_name, 64 * c * rows, 64 * c * rows, (64 * c, rows))
-            lab = _image(files, lab_name, lo, hi)[:n].astype(np.int64)
+            lab = _image(files, lab_name, lo, hi)[:n, :2].astype(np.int32)
             label = lab[:, 0] | (lab[:, 1] << 8)
+            del lab
             if int(label.max()) >= p:
                 raise ValueError(f"{path}: SH palette label {int(label.max())} past its {p} "
                                  "entries")  # fmt: skip

@@ -84,6 +84,7 @@ SH_REST_BUCKET = 1 << (8 - 4)  # 4 bits for degrees 2-4
 _ALPHA_EPS = 0.5 / 255.0
 _SQRT1_2 = math.sqrt(0.5)
 _MAG = (1 << 9) - 1
+_BLOCK = 1 << 16  # Gaussians packed or decoded at a time
 _MAX_LEGACY_EXTENSIONS = 1 << 16  # bytes of extension records read after a v1-v3 body
 # For each index of the largest component, the other three in increasing order.
 _OTHERS = np.array([[j for j in range(4) if j != i] for i in range(4)])
@@ -142,11 +143,26 @@ def _quantise_sh(x: np.ndarray, bucket: int) -> np.ndarray:
 
 
 def _pack(a: dict[str, np.ndarray], version: int) -> tuple[int, list[bytes]]:
-    """(fractional bits, the six attribute byte strings) of checked arrays."""
+    """(fractional bits, the six attribute byte strings) of checked arrays, packed a block
+    of Gaussians at a time (float64 temporaries of one block only)."""
     n = len(a["means"])
     bits = fractional_bits_for(a["means"])
+    sizes = _stream_sizes(version, n, sh_degree(a))
+    streams = [np.empty(size, np.uint8) for size in sizes]
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        block = {k: v[s:e] for k, v in a.items()}
+        for out, part in zip(streams, _pack_block(block, version, bits), strict=True):
+            width = len(out) // n
+            out[s * width : e * width] = part.reshape(-1)
+    return bits, [out.tobytes() for out in streams]
+
+
+def _pack_block(a: dict[str, np.ndarray], version: int, bits: int) -> list[np.ndarray]:
+    """The six attributes of the Gaussians ``a`` as uint8 arrays, M rows each."""
+    n = len(a["means"])
     fixed = np.round(a["means"].astype(np.float64) * (1 << bits)).astype(np.int64)
-    positions = (fixed[..., None] >> np.array([0, 8, 16])) & 0xFF  # [N, 3, 3] little endian
+    positions = (fixed[..., None] >> np.array([0, 8, 16])) & 0xFF  # [M, 3, 3] little endian
     q = a["quats"][:, [1, 2, 3, 0]].astype(np.float64)  # (x, y, z, w)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     if version >= 3:
@@ -157,12 +173,11 @@ def _pack(a: dict[str, np.ndarray], version: int) -> tuple[int, list[bytes]]:
     alphas = _u8(255.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64))))
     colors = _u8(a["sh0"][:, 0, :].astype(np.float64) * (COLOR_SCALE * 255.0) + 127.5)
     scales = _u8((a["scales"].astype(np.float64) + 10.0) * 16.0)
-    rest = a["shN"]  # [N, K - 1, 3]
+    rest = a["shN"]  # [M, K - 1, 3]
     shq = np.empty(rest.shape, np.uint8)
     shq[:, :3] = _quantise_sh(rest[:, :3], SH1_BUCKET)
     shq[:, 3:] = _quantise_sh(rest[:, 3:], SH_REST_BUCKET)
-    return bits, [arr.astype(np.uint8).tobytes()
-                  for arr in (positions, alphas, colors, scales, rotations, shq)]  # fmt: skip
+    return [arr.astype(np.uint8) for arr in (positions, alphas, colors, scales, rotations, shq)]
 
 
 def encode_spz(
@@ -343,7 +358,24 @@ def read_spz(path: str | Path) -> SplatData:
 
 
 def _decode(fields: tuple, parts: list[memoryview]) -> dict[str, np.ndarray]:
+    """The Gaussians (float32, :data:`~._checks.SPLAT_KEYS`) of the six attribute streams,
+    decoded a block at a time."""
     version, n, degree, bits, _ = fields
+    k = (degree + 1) ** 2
+    out = {"means": np.empty((n, 3), np.float32), "scales": np.empty((n, 3), np.float32),
+           "quats": np.empty((n, 4), np.float32), "opacities": np.empty(n, np.float32),
+           "sh0": np.empty((n, 1, 3), np.float32),
+           "shN": np.empty((n, k - 1, 3), np.float32)}  # fmt: skip
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        block = [part[s * (len(part) // n) : e * (len(part) // n)] for part in parts]
+        for key, val in _decode_block(fields, e - s, block).items():
+            out[key][s:e] = val
+    return out
+
+
+def _decode_block(fields: tuple, n: int, parts: list[memoryview]) -> dict[str, np.ndarray]:
+    version, _, degree, bits, _ = fields
     k = (degree + 1) ** 2
     if version == 1:
         means = np.frombuffer(parts[0], "<f2").reshape(n, 3).astype(np.float32)
