@@ -228,3 +228,52 @@ def test_a_run_stops_early_and_a_resume_stops_again_at_once(tmp_path):
     full = Trainer(cfg_off, ds, tmp_path / "run2", log=lines.append)
     full.train()
     assert full.step == 10
+
+
+def test_the_fast_recipe_chooses_its_length_budget_and_stop(tmp_path):
+    from tilesplat.train.config import load_config, save_config
+
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    chosen = ("steps", "eval_every", "early_stop_patience", "strategy", "cap_max")
+    assert {k: getattr(fast, k) for k in chosen} == {k: FAST[k] for k in chosen}
+    assert fast.strategy == "budget" and fast.steps < TrainConfig().steps
+    # the saved config.toml holds the effective values, and loads as it was saved
+    text = save_config(fast, tmp_path / "config.toml").read_text()
+    for key in chosen:
+        assert f"\n{key} = " in text
+    assert f"\nsteps = {FAST['steps']}\n" in text and '\nstrategy = "budget"\n' in text
+    assert load_config(tmp_path / "config.toml") == fast
+    back = apply_overrides(fast, ["recipe=3dgs"])
+    assert {k: getattr(back, k) for k in chosen} == {k: getattr(TrainConfig(), k) for k in chosen}
+
+
+def test_the_users_steps_win_over_the_fast_recipes(tmp_path):
+    from tilesplat.train.config import load_config
+
+    for order in (["recipe=fast", "steps=5000"], ["steps=5000", "recipe=fast"]):
+        cfg = apply_overrides(TrainConfig(), order)  # --set, in either order
+        assert (cfg.steps, cfg.strategy) == (5000, "budget")
+    toml = tmp_path / "mine.toml"
+    toml.write_text('steps = 5000\nrecipe = "fast"\nstrategy = "default"\n')
+    cfg = load_config(toml)
+    assert (cfg.steps, cfg.strategy, cfg.means_lr) == (5000, "default", FAST["means_lr"])
+    # a --set after the file wins over both
+    assert apply_overrides(load_config(toml), ["steps=700"]).steps == 700
+    assert apply_overrides(cfg, ["early_stop_patience=0"]).early_stop_patience == 0
+
+
+def test_a_fast_run_on_a_tiny_scene_stops_on_its_own(tmp_path):
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train.loop.trainer import Trainer
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=16)
+    cfg = apply_overrides(TrainConfig(), [
+        "recipe=fast", "init_points=100", "sh_degree=0", "progress=false", "lpips=false",
+        "backend=torch", "eval_every=5", "early_stop_min_db=100"]).validate()
+    trainer = Trainer(cfg, load_dataset(folder), tmp_path / "run", log=lambda _: None)
+    trainer.train()
+    # the recipe's own length and patience (3 evaluations), cut short by the early stop: a rise
+    # of 100 dB never comes, so the run ends at its fourth evaluation
+    assert cfg.steps == FAST["steps"] and cfg.early_stop_patience == FAST["early_stop_patience"]
+    assert trainer.step == 5 * (FAST["early_stop_patience"] + 1)
+    assert trainer.history["test_step"][-1] == trainer.step
