@@ -191,34 +191,50 @@ def test_toy_camera_model_is_one_module_and_one_line(tmp_path):
             rasterization(means, quats, scales, opacities, sh, viewmats, Ks, w, h, sh_degree=1,
                           camera_model="toy2", backend="cpu")
         out = {{}}
-        for backend in ("torch", "cpu"):
-            for name, model, K in (("toy", "toy", Ks), ("pinhole2x", "pinhole", zoomed),
-                                   ("pinhole", "pinhole", Ks)):
+        cases = (("toy", "toy", Ks), ("pinhole2x", "pinhole", zoomed), ("pinhole", "pinhole", Ks))
+        for name, model, K in cases:  # the whole render, on the reference
+            inputs = [t.clone().requires_grad_(True)
+                      for t in (means, quats, scales, opacities, sh, viewmats)]
+            colors, alphas, _ = rasterization(*inputs[:5], inputs[5], K, w, h, sh_degree=1,
+                                              packed=False, camera_model=model,
+                                              backend="torch")
+            ((colors * up[0]).sum() + (alphas * up[1]).sum()).backward()
+            out[name, "render"] = [colors.detach(), alphas.detach()] + [t.grad for t in inputs]
+        for backend in ("torch", "cpu"):  # the projection, where a camera model acts
+            for name, model, K in cases:
                 inputs = [t.clone().requires_grad_(True)
-                          for t in (means, quats, scales, opacities, sh, viewmats)]
-                colors, alphas, _ = rasterization(*inputs[:5], inputs[5], K, w, h, sh_degree=1,
-                                                  packed=False, camera_model=model,
-                                                  backend=backend)
-                ((colors * up[0]).sum() + (alphas * up[1]).sum()).backward()
-                out[name, backend] = [colors.detach(), alphas.detach()] + [
+                          for t in (means, quats, scales, viewmats)]
+                proj = fully_fused_projection(inputs[0], None, inputs[1], inputs[2],
+                                              inputs[3], K, w, h, camera_model=model,
+                                              backend=backend)
+                radii, means2d, depths, conics = proj[:4]
+                (means2d * up[0][..., :2].reshape(-1, 2)[:means2d.shape[1]]).sum().backward(
+                    retain_graph=True)
+                (depths.sum() + conics.sum()).backward()
+                out[name, backend] = [means2d.detach(), radii.float()] + [
                     t.grad for t in inputs]
         torch.save(out, {str(tmp_path / "camera.pt")!r})
     """)
     out = torch.load(tmp_path / "camera.pt")
-    names = ("colors", "alphas", "v_means", "v_quats", "v_scales", "v_opacities", "v_sh",
-             "v_viewmats")
+    renders = ("colors", "alphas", "v_means", "v_quats", "v_scales", "v_opacities", "v_sh",
+               "v_viewmats")
+    projections = ("means2d", "radii", "v_means", "v_quats", "v_scales", "v_viewmats")
 
-    def close(label, got, want):
+    def close(label, names, got, want):
         for name, a, b in zip(names, got, want, strict=True):
-            tol = FORWARD_TOL if name in ("colors", "alphas") else GRADIENT_TOL
+            tol = FORWARD_TOL if name in ("colors", "alphas", "means2d", "radii") else (
+                GRADIENT_TOL)
             assert_close(f"{label} {name}", a, b, tol, tol)
 
+    close("toy vs pinhole 2x (render)", renders, out["toy", "render"], out["pinhole2x", "render"])
+    # the zoom shows: the plain pinhole sees another image (and covers more of it)
+    assert (out["toy", "render"][0] - out["pinhole", "render"][0]).abs().max() > 0.1
+    assert out["toy", "render"][1].mean() > 0.05  # the Gaussians are in view
     for backend in ("torch", "cpu"):
-        close(f"toy vs pinhole 2x ({backend})", out["toy", backend], out["pinhole2x", backend])
-        # the zoom shows: the plain pinhole sees another image (and covers more of it)
+        close(f"toy vs pinhole 2x ({backend})", projections, out["toy", backend],
+              out["pinhole2x", backend])
         assert (out["toy", backend][0] - out["pinhole", backend][0]).abs().max() > 0.1
-    close("toy cpu vs torch", out["toy", "cpu"], out["toy", "torch"])
-    assert out["toy", "cpu"][1].mean() > 0.05  # the Gaussians are in view
+    close("toy cpu vs torch", projections, out["toy", "cpu"], out["toy", "torch"])
 
 
 # --- file format -------------------------------------------------------------------------
