@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba.core import types as nt  # noqa: E402
 
+from ptx_cache import compiled_ptx  # noqa: E402
 from tilesplat.backends.cuda import kernels, ptx_abi  # noqa: E402
 
 CASES = [pytest.param(spec, ft, id=f"{spec.name}-{ft.__name__}")
@@ -63,7 +64,7 @@ def test_a_small_kernel_has_the_layout_numba_documents():
 def test_packer_layout_equals_the_ptx_entry(spec, ft):
     F = nt.float32 if ft is np.float32 else nt.float64
     argtypes = spec.args(F)
-    ptx = kernels.compile_ptx(spec, ft, (9, 0))
+    ptx = compiled_ptx(spec, ft, (9, 0))
     entry = ptx_abi.entry_params(ptx)
     params = ptx_abi.layout(argtypes)
     n_arrays = sum(isinstance(t, nt.Array) for t in argtypes)

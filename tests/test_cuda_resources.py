@@ -33,6 +33,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from ptx_cache import compiled_ptx  # noqa: E402
 from tilesplat.backends.cuda import kernels, raster_limits, runtime  # noqa: E402
 from tilesplat.backends.cuda.rasterize import backward as rasterize_to_pixels_bwd  # noqa: E402
 from tilesplat.backends.cuda.rasterize import forward as rasterize_to_pixels_fwd  # noqa: E402
@@ -111,7 +112,7 @@ CASES = [
 def test_launch_fits_the_hardware(kernel, tile, channels, variant, ft, cc):
     spec = kernels.raster_spec(kernel, tile, channels, variant)
     threads = kernels.block_threads(kernel, tile, variant)
-    ptx = kernels.compile_ptx(spec, ft, cc, threads=threads)
+    ptx = compiled_ptx(spec, ft, cc, threads=threads)
     assert f".maxntid {threads}" in ptx.replace(", 1, 1", ""), "launch bound in the PTX"
     res = link_resources(ptx, cc)
     assert register_file_fits(res["registers"], threads), (
@@ -137,7 +138,7 @@ TWODGS_CASES = [("forward", 16, 4, np.float32), ("backward", 16, 4, np.float32),
 def test_twodgs_launch_fits_the_hardware(kernel, tile, channels, ft):
     cc = (9, 0)
     threads = tile * tile
-    ptx = kernels.compile_ptx(kernels.twodgs_raster_spec(kernel, tile, channels), ft, cc,
+    ptx = compiled_ptx(kernels.twodgs_raster_spec(kernel, tile, channels), ft, cc,
                               threads=threads)
     assert f".maxntid {threads}" in ptx.replace(", 1, 1", ""), "launch bound in the PTX"
     res = link_resources(ptx, cc)
