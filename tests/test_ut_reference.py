@@ -11,8 +11,8 @@
 - the lens models against each other (OpenCV with zero coefficients is the perfect pinhole,
   a linear f-theta is the equidistant fisheye) and their inverses;
 - gsplat's ``simple_trainer.py`` call through ``import tilesplat as gsplat``, batch dims,
-  ``with_ut`` and ``with_eval3d`` each alone, the backends' refusals and fallback, and every
-  bad input's ValueError.
+  ``with_ut`` and ``with_eval3d`` each alone, the cuda backend's refusal, ``auto``'s fallback,
+  and every bad input's ValueError. The cpu backend's kernels: tests/test_ut_cpu.py.
 """
 
 from __future__ import annotations
@@ -613,8 +613,8 @@ def test_rasterization_depth_modes_and_sh_directions_with_a_rolling_shutter():
     assert float(alpha.max()) > 0.5
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
-def test_native_backends_name_the_missing_op(backend):
+def test_cuda_names_the_missing_op():
+    backend = "cuda"  # the cpu backend has 3DGUT's ops (tests/test_ut_cpu.py)
     means, quats, scales, opacities = _gaussians()
     view, K, _ = _views()
     with pytest.raises(NotImplementedError,
@@ -632,6 +632,9 @@ def test_native_backends_name_the_missing_op(backend):
 
 def test_auto_falls_back_to_the_reference_with_one_warning(monkeypatch):
     monkeypatch.setattr(registry, "_warned", set())
+    registry.implemented_ops("cpu")  # loads the cpu backend
+    # a native backend without the op (as cuda is): the cpu backend's entry taken away
+    monkeypatch.delitem(registry._impls, ("fully_fused_projection_with_ut", "cpu"))
     means, quats, scales, opacities = _gaussians()
     view, K, _ = _views()
     with warnings.catch_warnings(record=True) as caught:
