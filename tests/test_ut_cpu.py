@@ -1,5 +1,5 @@
-"""3DGUT on the ``cpu`` backend (issue 38): the eval3d rasterizer's Numba kernels against the
-torch reference, and the projection registered under the cpu name.
+"""3DGUT on the ``cpu`` backend (issue 38): the Numba kernels of the eval3d rasterizer and of
+the unscented-transform projection against the torch reference.
 
 - forward images, alphas, last ids and every gradient (means, quats, scales, colours,
   opacities, backgrounds) at DESIGN.md's float32 parity (forward 1e-5, gradients 1e-4, abs and
@@ -8,7 +8,9 @@ torch reference, and the projection registered under the cpu name.
   sizes, two cameras, backgrounds and masked tiles;
 - float64: the kernels compute the reference's definition (to 1e-10);
 - zero Gaussians, empty tiles, batch dims, bit-identical gradients for any thread count, and
-  ``rasterization(with_ut=True, with_eval3d=True)`` on ``cpu`` and ``auto``.
+  ``rasterization(with_ut=True, with_eval3d=True)`` on ``cpu`` and ``auto``;
+- the projection: every camera kind and shutter, culled Gaussians (depth, image, opacity,
+  radius clip), gsplat's options, float64 and float32 against the float64 reference.
 
 Tile lists come from the reference (no other kernel compiles here); the kernels compile once
 per dtype (float32, float64).
@@ -30,6 +32,7 @@ from tilesplat.ops.camera import (
     FThetaCameraDistortionParameters,
     FThetaPolynomialType,
     RollingShutterType,
+    UnscentedTransformParameters,
 )
 
 W, H, TILE = 37, 29, 8  # odd sizes: the last tile row and column are partial
@@ -246,3 +249,74 @@ def test_rasterization_on_cpu_and_auto_is_the_reference():
     for i, (a, e) in enumerate(zip(results["cpu"], results["torch"], strict=True)):
         tol = TOL32["forward"] if i < 3 else TOL32["gradient"]
         assert_close(f"output {i}", a, e, tol, tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# the projection
+
+
+def _projection_scene(kind, shutter, dtype, seed=11):
+    """Gaussians around and behind two cameras (batch 2): some culled by depth, by the image
+    (wider than it) and by opacity."""
+    inputs, view, K, camera, *_ = _scene(250, dtype, batch=(2,), kind=kind, shutter=shutter,
+                                         seed=seed)
+    means, quats, scales, _, _ = inputs
+    g = torch.Generator().manual_seed(seed)
+    means = means * torch.tensor([2.5, 2.5, 9.0], dtype=dtype)  # depths from -1.5 to 7.5
+    opacities = torch.rand(means.shape[:-1], generator=g, dtype=dtype) * 0.6 + 0.002
+    return (means, quats, scales, opacities, view, K), camera
+
+
+def _project(args, camera, backend, **options):
+    return gsplat.fully_fused_projection_with_ut(*args, W, H, backend=backend, **camera,
+                                                 **options)
+
+
+OPTIONS = [
+    {"calc_compensations": True},
+    {"near_plane": 2.5, "far_plane": 5.0, "radius_clip": 1.5, "eps2d": 0.1},
+    {"ut_params": UnscentedTransformParameters(alpha=0.3, beta=1.0, kappa=1.0,
+                                               in_image_margin_factor=0.05,
+                                               require_all_sigma_points_valid=False),
+     "calc_compensations": True},
+]
+
+
+@pytest.mark.parametrize("shutter", [RollingShutterType.GLOBAL,
+                                     RollingShutterType.ROLLING_RIGHT_TO_LEFT],
+                         ids=lambda s: s.name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_projection_is_the_definition(kind, shutter):
+    """float64: the reference's outputs (radii exactly). float32: the kernel computes in
+    float64, so it is the float64 reference's result rounded (radii exactly, the rest to
+    1e-5); the float32 reference is up to ~1e-3 px off, and its rolling f-theta Newton
+    inverse can flip a sigma point's validity, so it is not the oracle here."""
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        args, camera = _projection_scene(kind, shutter, dtype)
+        exact_args = [a.double() for a in args]
+        for i, options in enumerate(OPTIONS):
+            got = _project(args, camera, "cpu", **options)
+            want = _project(exact_args, _float64(camera), "torch", **options)
+            assert torch.equal(got[0], want[0]), f"options {i}: radii differ"
+            visible = int((want[0] > 0).any(-1).sum())
+            assert 0 < visible < want[0][..., 0].numel(), f"options {i}: {visible} visible"
+            for name, a, e in zip(("means2d", "depths", "conics", "compensations"), got[1:],
+                                  want[1:], strict=True):
+                if e is None:
+                    assert a is None
+                    continue
+                assert a.dtype == dtype
+                assert_close(f"{name} (options {i}, {dtype})", a, e, tol, tol)
+
+
+def test_projection_without_opacities_and_zero_gaussians():
+    args, camera = _projection_scene("fisheye", RollingShutterType.ROLLING_TOP_TO_BOTTOM,
+                                     torch.float64)
+    args = (*args[:3], None, *args[4:])
+    for a, e in zip(_project(args, camera, "cpu"), _project(args, camera, "torch"),
+                    strict=True):
+        if e is not None:
+            assert_close("output", a, e, 1e-10, 1e-10)
+    empty = (args[0][:, :0], args[1][:, :0], args[2][:, :0], None, *args[4:])
+    radii = _project(empty, camera, "cpu")[0]
+    assert radii.shape == (2, 2, 0, 2)

@@ -33,6 +33,5 @@ register("rasterize_to_pixels", "cpu", DiffOp(rasterize.forward, rasterize.backw
 register("fully_fused_projection_2dgs", "cpu", twodgs.fully_fused_projection_2dgs)
 register("rasterize_to_pixels_2dgs", "cpu", twodgs.rasterize_to_pixels_2dgs)
 register("ssim", "cpu", DiffOp(ssim.forward, ssim.backward))
-# the reference's projection under the cpu name (``ut.py`` says why)
 register("fully_fused_projection_with_ut", "cpu", ut.project_with_ut)
 register("rasterize_to_pixels_eval3d", "cpu", DiffOp(ut.forward, ut.backward))
