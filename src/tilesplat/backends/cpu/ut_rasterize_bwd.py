@@ -6,15 +6,16 @@ last contributor (the ``per_pixel`` scheme), from the final transmittance the fo
 recovering T before each Gaussian by dividing by (1 - alpha):
 d loss / d alpha_k = T_k q_k - (sum_{i>k} w_i q_i + T_final (v_colors . background -
 v_alphas)) / (1 - alpha_k), with w_i = alpha_i T_i and q_i = v_colors . c_i. Through
-alpha = opacity exp(power) (no gradient where clamped at 0.999) and power = -|c|² / 2,
-c = n × gro, n = grd / |grd|, gro = M (o - mean), grd = M d, each pair gives the gradient of
-the Gaussian's mean and of its M = S⁻¹ Rᵀ; the pixel's sums run in float64.
+alpha = opacity exp(power) (no gradient where clamped at 0.999) and the forward's
+power = -(g - s² / q) / 2 (g = eᵀQe, s = dᵀQe, q = dᵀQd, e = o - mean, Q = R S⁻² Rᵀ), each
+pair gives the gradient of the Gaussian's mean and of its precision Q; the pixel's sums run in
+float64.
 
-Each intersection's gradient (mean, M, opacity, colour) is summed over its tile's pixels in a
+Each intersection's gradient (mean, Q, opacity, colour) is summed over its tile's pixels in a
 fixed order into a float64 row at its position in pair order (``rasterize_bwd.
 group_by_gaussian``); a second pass sums each pair's rows in increasing intersection order
 and writes the pairs' colour and opacity gradients; the launcher then sums each Gaussian's
-pairs over the cameras in camera order and a third pass turns the gradient of M into those of
+pairs over the cameras in camera order and a third pass turns the gradient of Q into those of
 the quaternion and the scales. No atomics: results are bit-identical for any thread count.
 """
 
@@ -30,21 +31,23 @@ from ..shared.typed import like
 from ._common import BLOCK, sm, tile_span
 from .ut_rasterize_fwd import (
     R_COLOR,
-    R_M,
     R_MEAN,
+    R_TAU,
     T_FINAL,
     X_DIR,
     X_ORIGIN,
     X_VALID,
     gather_gaussians,
+    is_cached,
     pair_alpha,
     pair_power,
 )
 
-# columns of the per-intersection gradient rows: mean, M (row-major), opacity; colours follow
-V_MEAN, V_M, V_OP = 0, 3, 12
-V_COLOR = 13
-N_GEOM = 12  # the columns the Gaussians' reduction over cameras sums (mean and M)
+# columns of the per-intersection gradient rows: mean, Q's symmetric gradient (00, 01, 02,
+# 11, 12, 22), opacity; colours follow
+V_MEAN, V_Q, V_OP = 0, 3, 9
+V_COLOR = 10
+N_GEOM = 9  # the columns the Gaussians' reduction over cameras sums (mean and Q)
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -59,50 +62,41 @@ def pixel_backward(loc, k0, last, o0, o1, o2, d0, d1, d2, t_final, tail, v_c, ro
     one = like(t_final, 1.0)
     trans = t_final
     behind = 0.0  # sum over the Gaussians behind of w q
+    cached = is_cached(loc, o0, o1, o2)
     for j in range(last - k0, -1, -1):
-        power, gro, grd, nrm, c, length = pair_power(loc, j, o0, o1, o2, d0, d1, d2)
+        power, a, g, qd, s, q, ok = pair_power(loc, j, cached, o0, o1, o2, d0, d1, d2)
+        if power < loc[j, R_TAU]:
+            continue
         ge, ar, alpha = pair_alpha(loc, j, power, one)
         if alpha < like(one, ALPHA_SKIP):
             continue
         t_k = trans / (one - alpha)
         w = np.float64(alpha * t_k)
-        q = 0.0
+        vq = 0.0
         for d in range(n_ch):
-            q += v_c[d] * loc[j, R_COLOR + d]
+            vq += v_c[d] * loc[j, R_COLOR + d]
             rows[j, V_COLOR + d] += w * v_c[d]
-        v_alpha = np.float64(t_k) * q - (behind + tail) / (1.0 - np.float64(alpha))
+        v_alpha = np.float64(t_k) * vq - (behind + tail) / (1.0 - np.float64(alpha))
         if ar <= like(one, ALPHA_CLAMP):  # alpha = min(0.999, op G): no gradient where clamped
             rows[j, V_OP] += v_alpha * np.float64(ge)
-            v_power = v_alpha * np.float64(ar)
-            # power = -|c|² / 2, c = n × gro
-            vc0, vc1, vc2 = -v_power * c[0], -v_power * c[1], -v_power * c[2]
-            vn0 = gro[1] * vc2 - gro[2] * vc1  # gro × v_c
-            vn1 = gro[2] * vc0 - gro[0] * vc2
-            vn2 = gro[0] * vc1 - gro[1] * vc0
-            vg0 = vc1 * nrm[2] - vc2 * nrm[1]  # v_c × n
-            vg1 = vc2 * nrm[0] - vc0 * nrm[2]
-            vg2 = vc0 * nrm[1] - vc1 * nrm[0]
-            if length > 0.0:  # n = grd / |grd|
-                dot = nrm[0] * vn0 + nrm[1] * vn1 + nrm[2] * vn2
-                vr0 = (vn0 - nrm[0] * dot) / length
-                vr1 = (vn1 - nrm[1] * dot) / length
-                vr2 = (vn2 - nrm[2] * dot) / length
-            else:
-                vr0, vr1, vr2 = vn0, vn1, vn2
-            e0 = o0 - loc[j, R_MEAN]
-            e1 = o1 - loc[j, R_MEAN + 1]
-            e2 = o2 - loc[j, R_MEAN + 2]
-            vg = (vg0, vg1, vg2)
-            vr = (vr0, vr1, vr2)
-            for i in range(3):
-                b = V_M + 3 * i
-                rows[j, b] += vg[i] * e0 + vr[i] * d0
-                rows[j, b + 1] += vg[i] * e1 + vr[i] * d1
-                rows[j, b + 2] += vg[i] * e2 + vr[i] * d2
-            for k in range(3):  # gro = M (o - mean): v_mean = -Mᵀ v_gro
-                rows[j, V_MEAN + k] -= (loc[j, R_M + k] * vg0 + loc[j, R_M + 3 + k] * vg1
-                                        + loc[j, R_M + 6 + k] * vg2)
-        behind += w * q
+            if ok:
+                # power = -g / 2 + s² / (2 q): its gradients in g, s, q
+                v_power = v_alpha * np.float64(ar)
+                v_g = -0.5 * v_power
+                v_s = v_power * s / q
+                v_q = -0.5 * v_power * (s / q) * (s / q)
+                e = (o0 - loc[j, R_MEAN], o1 - loc[j, R_MEAN + 1], o2 - loc[j, R_MEAN + 2])
+                dd = (d0, d1, d2)
+                col = V_Q
+                for r in range(3):
+                    for c in range(r, 3):  # g = eᵀQe, s = dᵀQe, q = dᵀQd, symmetrised
+                        rows[j, col] += (v_g * e[r] * e[c]
+                                         + 0.5 * v_s * (dd[r] * e[c] + e[r] * dd[c])
+                                         + v_q * dd[r] * dd[c])
+                        col += 1
+                    # d/d mean = -d/d e = -(2 v_g Q e + v_s Q d)
+                    rows[j, V_MEAN + r] -= 2.0 * v_g * a[r] + v_s * qd[r]
+        behind += w * vq
         trans = t_k
 
 
@@ -132,8 +126,11 @@ def backward_kernel(first, step, means, quats, scales, colors, opacities, backgr
                 part[pos[k], col] = 0.0  # a masked-out tile gives no gradient
         n_k = 0
         if end > start and not masked:
+            first_ray = extra[img, ty * tile_size, tx * tile_size]
             n_k = gather_gaussians(means, quats, scales, colors, opacities, flatten_ids, n_cams,
-                                   n_gauss, start, end, loc)
+                                   n_gauss, start, end, np.float64(first_ray[X_ORIGIN]),
+                                   np.float64(first_ray[X_ORIGIN + 1]),
+                                   np.float64(first_ray[X_ORIGIN + 2]), loc)
         for j in range(n_k):
             for col in range(n_cols):
                 rows[j, col] = 0.0
@@ -187,25 +184,34 @@ def reduce_pairs_kernel(first, step, part, first_row, geom, v_colors, v_opacitie
 @njit(nogil=True, cache=True, error_model="numpy")
 def gaussians_kernel(first, step, geom, quats, scales, v_means, v_quats, v_scales):
     """Blocks first, first + step, ... of the B * N Gaussians: geom [B * N, N_GEOM] (the
-    gradients of mean and M summed over the cameras) → v_means, v_quats, v_scales. With
-    M[i, k] = R[k, i] / s_i: v_R[k, i] = v_M[i, k] / s_i, v_s_i = -sum_k v_M[i, k] M[i, k] / s_i,
-    then R's gradient goes to the normalised quaternion and through the normalisation."""
+    gradients of mean and of the precision Q = R D Rᵀ, D = S⁻², summed over the cameras) →
+    v_means, v_quats, v_scales. With G the symmetric gradient of Q: v_R = 2 G R D,
+    v_D_k = (Rᵀ G R)_kk, v_s_k = -2 v_D_k / s_k³; R's gradient goes to the normalised
+    quaternion and through the normalisation."""
     n = quats.shape[0]
     v_r = np.empty(9, np.float64)
+    gs = np.empty(9, np.float64)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for g in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
             w, x, y, z = (np.float64(quats[g, 0]), np.float64(quats[g, 1]),
                           np.float64(quats[g, 2]), np.float64(quats[g, 3]))
             r = sm.quat_to_rotmat(w, x, y, z)
-            for i in range(3):
-                s = np.float64(scales[g, i])
-                acc = 0.0
-                for k in range(3):
-                    vm = geom[g, V_M + 3 * i + k]
-                    v_r[3 * k + i] = vm / s
-                    acc += vm * r[3 * k + i] / s
-                v_scales[g, i] = -acc / s
-                v_means[g, i] = geom[g, V_MEAN + i]
+            col = V_Q
+            for a in range(3):
+                for b in range(a, 3):
+                    gs[3 * a + b] = geom[g, col]
+                    gs[3 * b + a] = geom[g, col]
+                    col += 1
+            for k in range(3):
+                s = np.float64(scales[g, k])
+                inv_d = 1.0 / (s * s)
+                v_d = 0.0
+                for a in range(3):
+                    gr = gs[3 * a] * r[k] + gs[3 * a + 1] * r[3 + k] + gs[3 * a + 2] * r[6 + k]
+                    v_r[3 * a + k] = 2.0 * gr * inv_d  # (G R)[a, k]
+                    v_d += r[3 * a + k] * gr
+                v_scales[g, k] = -2.0 * v_d / (s * s * s)
+                v_means[g, k] = geom[g, V_MEAN + k]
             inv = 1.0 / max(math.sqrt(w * w + x * x + y * y + z * z), 1e-12)
             gw, gx, gy, gz = sm.rotmat_vjp(w * inv, x * inv, y * inv, z * inv, v_r[0], v_r[1],
                                            v_r[2], v_r[3], v_r[4], v_r[5], v_r[6], v_r[7],

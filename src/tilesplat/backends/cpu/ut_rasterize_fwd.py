@@ -2,7 +2,11 @@
 evaluated in 3D along each pixel's ray). The contract is the reference's
 (``backends/torch/ut.py``): in Gaussian g's frame ``M = S⁻¹ Rᵀ`` the ray ``o + t d`` of a pixel
 is ``M (o - mean) + t M d``; its largest response along the line is ``exp(power)`` with
-``power = -|n × M (o - mean)|² / 2``, ``n = M d / |M d|``; alpha = min(0.999, opacity ×
+``power = -|n × M (o - mean)|² / 2``, ``n = M d / |M d|``, computed here as
+``-(g - s² / q) / 2`` with the precision ``Q = Mᵀ M``, ``e = o - mean``, ``g = eᵀ Q e``,
+``s = dᵀ Q e``, ``q = dᵀ Q d`` (no square root, one division; ``Q e`` and ``g`` are per
+Gaussian for every pixel of a tile that shares the ray origin, the whole image on a global
+shutter); alpha = min(0.999, opacity ×
 response) and the compositing is the 2D contract's (skip below 1/255, stop before T <= 1e-4,
 backgrounds, masks).
 
@@ -13,8 +17,9 @@ rolling shutter), which is exact by construction and costs a few passes over the
 against the rasterizer's one pass per pixel-Gaussian pair. So the kernels know no camera.
 
 Work is split by tile over threads (``_common.parallel_for``); a tile's Gaussians are copied
-once into contiguous float64 rows (mean, M, opacity, colour), then each pixel walks them front
-to back (a scalar loop). The pair's power is computed in float64 and rounded to the data's
+once into contiguous float64 rows (mean, Q, opacity, the origin's terms, colour), then each
+pixel walks them front to back (a scalar loop; a pair whose power is surely below the skip
+bound is skipped before its exp). The pair's power is computed in float64 and rounded to the data's
 type; alpha, the skip and stop decisions and T are computed in the data's type, as the
 reference computes them. Colour sums run in float64, each result rounded once.
 
@@ -33,10 +38,14 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
 from ..shared.typed import like
 from ._common import sm, tile_span
 
-# columns of a tile row (``gather_gaussians``): mean, M = S⁻¹ Rᵀ row-major, opacity, the
-# Gaussian's row in [B * N] (as a float, exact below 2^53); colours follow from R_COLOR
-R_MEAN, R_M, R_OP, R_ROW = 0, 3, 12, 13
-R_COLOR = 14
+# columns of a tile row (``gather_gaussians``): mean, the precision Q = Mᵀ M = R S⁻² Rᵀ
+# (q00, q01, q02, q11, q12, q22), opacity, the skip bound on the power (R_TAU), and for the
+# tile's first ray origin o (R_ORIGIN): a = Q (o - mean) and g = (o - mean) · a; colours follow
+R_MEAN, R_Q, R_OP, R_TAU, R_ORIGIN, R_A, R_G = 0, 3, 9, 10, 11, 14, 17
+R_COLOR = 18
+# A pair whose power is below ln(ALPHA_SKIP / opacity) - SKIP_MARGIN has alpha below
+# ALPHA_SKIP whatever the rounding (float32's is ~1e-7 relative): skipped without its exp.
+SKIP_MARGIN = 1e-3
 # columns of ``extra`` (and of the rays the launcher computes): origin, direction, valid, T
 X_ORIGIN, X_DIR, X_VALID, T_FINAL = 0, 3, 6, 7
 EXTRA_COLS = 8
@@ -47,52 +56,87 @@ EXTRA_COLS = 8
 
 @njit(cache=True, error_model="numpy")
 def gather_gaussians(means, quats, scales, colors, opacities, flatten_ids, n_cams, n_gauss,
-                     start, end, loc):
+                     start, end, o0, o1, o2, loc):
     """Copies the pairs of intersections start..end-1 into rows j = k - start of loc
-    [>= n, R_COLOR + D] float64. means, quats, scales [B * N, 3 | 4 | 3]; colors [I * N, D],
-    opacities [I * N]; pair p = flatten_ids[k] is Gaussian (p // (C N)) N + p % N."""
+    [>= n, R_COLOR + D] float64, with the terms of the ray origin (o0, o1, o2). means, quats,
+    scales [B * N, 3 | 4 | 3]; colors [I * N, D], opacities [I * N]; pair p = flatten_ids[k]
+    is Gaussian (p // (C N)) N + p % N."""
     for j in range(end - start):
         p = flatten_ids[start + j]
         g = (p // (n_cams * n_gauss)) * n_gauss + p % n_gauss
         r = sm.quat_to_rotmat(np.float64(quats[g, 0]), np.float64(quats[g, 1]),
                               np.float64(quats[g, 2]), np.float64(quats[g, 3]))
-        for i in range(3):
-            loc[j, R_MEAN + i] = means[g, i]
-            inv_s = 1.0 / np.float64(scales[g, i])
-            for k in range(3):
-                loc[j, R_M + 3 * i + k] = r[3 * k + i] * inv_s  # M[i, k] = R[k, i] / s_i
-        loc[j, R_OP] = opacities[p]
-        loc[j, R_ROW] = g
+        inv0 = 1.0 / (np.float64(scales[g, 0]) * np.float64(scales[g, 0]))
+        inv1 = 1.0 / (np.float64(scales[g, 1]) * np.float64(scales[g, 1]))
+        inv2 = 1.0 / (np.float64(scales[g, 2]) * np.float64(scales[g, 2]))
+        col = 0
+        for a in range(3):
+            loc[j, R_MEAN + a] = means[g, a]
+            for b in range(a, 3):  # Q[a, b] = sum_i R[a, i] R[b, i] / s_i²
+                loc[j, R_Q + col] = (r[3 * a] * r[3 * b] * inv0 + r[3 * a + 1] * r[3 * b + 1]
+                                     * inv1 + r[3 * a + 2] * r[3 * b + 2] * inv2)
+                col += 1
+        op = np.float64(opacities[p])
+        loc[j, R_OP] = op
+        loc[j, R_TAU] = math.log(ALPHA_SKIP / op) - SKIP_MARGIN
+        loc[j, R_ORIGIN] = o0
+        loc[j, R_ORIGIN + 1] = o1
+        loc[j, R_ORIGIN + 2] = o2
+        a0, a1, a2, gg = origin_terms(loc, j, o0 - loc[j, R_MEAN], o1 - loc[j, R_MEAN + 1],
+                                      o2 - loc[j, R_MEAN + 2])
+        loc[j, R_A] = a0
+        loc[j, R_A + 1] = a1
+        loc[j, R_A + 2] = a2
+        loc[j, R_G] = gg
         for d in range(colors.shape[1]):
             loc[j, R_COLOR + d] = colors[p, d]
     return end - start
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def pair_power(loc, j, o0, o1, o2, d0, d1, d2):
-    """Row j against the ray o + t d, in float64: (power, gro [3], grd [3], n [3], c [3], L)
-    with gro = M (o - mean), grd = M d, L = |grd|, n = grd / L (grd where L = 0, as gsplat's
-    safe_normalize), c = n × gro, power = -|c|² / 2."""
-    e0 = o0 - loc[j, R_MEAN]
-    e1 = o1 - loc[j, R_MEAN + 1]
-    e2 = o2 - loc[j, R_MEAN + 2]
-    g0 = loc[j, R_M] * e0 + loc[j, R_M + 1] * e1 + loc[j, R_M + 2] * e2
-    g1 = loc[j, R_M + 3] * e0 + loc[j, R_M + 4] * e1 + loc[j, R_M + 5] * e2
-    g2 = loc[j, R_M + 6] * e0 + loc[j, R_M + 7] * e1 + loc[j, R_M + 8] * e2
-    r0 = loc[j, R_M] * d0 + loc[j, R_M + 1] * d1 + loc[j, R_M + 2] * d2
-    r1 = loc[j, R_M + 3] * d0 + loc[j, R_M + 4] * d1 + loc[j, R_M + 5] * d2
-    r2 = loc[j, R_M + 6] * d0 + loc[j, R_M + 7] * d1 + loc[j, R_M + 8] * d2
-    length2 = r0 * r0 + r1 * r1 + r2 * r2
-    length = math.sqrt(length2)
-    if length2 > 0.0:
-        n0, n1, n2 = r0 / length, r1 / length, r2 / length
+def sym_apply(loc, j, x0, x1, x2):
+    """Q x of row j's precision."""
+    return (loc[j, R_Q] * x0 + loc[j, R_Q + 1] * x1 + loc[j, R_Q + 2] * x2,
+            loc[j, R_Q + 1] * x0 + loc[j, R_Q + 3] * x1 + loc[j, R_Q + 4] * x2,
+            loc[j, R_Q + 2] * x0 + loc[j, R_Q + 4] * x1 + loc[j, R_Q + 5] * x2)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def origin_terms(loc, j, e0, e1, e2):
+    """(a = Q e, g = e · a) of row j for e = o - mean."""
+    a0, a1, a2 = sym_apply(loc, j, e0, e1, e2)
+    return a0, a1, a2, e0 * a0 + e1 * a1 + e2 * a2
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def pair_power(loc, j, cached, o0, o1, o2, d0, d1, d2):
+    """Row j against the ray o + t d, in float64: (power, a [3], g, Qd [3], s, q, ok) with
+    e = o - mean, a = Q e, g = e · a (the tile's cached ones when ``cached``), s = d · a,
+    q = d · Q d. |n × M e|² with n = M d / |M d| is g - s² / q, so power = -(g - s² / q) / 2
+    (at most 0; 0 where q = 0, as the reference's zero direction; ok False there and where the
+    cancellation made it positive: no gradient)."""
+    if cached:
+        a0, a1, a2, g = loc[j, R_A], loc[j, R_A + 1], loc[j, R_A + 2], loc[j, R_G]
     else:
-        n0, n1, n2 = r0, r1, r2
-    c0 = n1 * g2 - n2 * g1
-    c1 = n2 * g0 - n0 * g2
-    c2 = n0 * g1 - n1 * g0
-    power = -0.5 * (c0 * c0 + c1 * c1 + c2 * c2)
-    return power, (g0, g1, g2), (r0, r1, r2), (n0, n1, n2), (c0, c1, c2), length
+        a0, a1, a2, g = origin_terms(loc, j, o0 - loc[j, R_MEAN], o1 - loc[j, R_MEAN + 1],
+                                     o2 - loc[j, R_MEAN + 2])
+    qd0, qd1, qd2 = sym_apply(loc, j, d0, d1, d2)
+    q = d0 * qd0 + d1 * qd1 + d2 * qd2
+    s = d0 * a0 + d1 * a1 + d2 * a2
+    power = 0.0
+    ok = False
+    if q > 0.0:
+        power = -0.5 * (g - s * s / q)
+        ok = power < 0.0
+        if not ok:
+            power = 0.0
+    return power, (a0, a1, a2), g, (qd0, qd1, qd2), s, q, ok
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def is_cached(loc, o0, o1, o2):
+    """Whether the ray origin is the one the tile's rows hold the terms of."""
+    return o0 == loc[0, R_ORIGIN] and o1 == loc[0, R_ORIGIN + 1] and o2 == loc[0, R_ORIGIN + 2]
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -127,8 +171,11 @@ def forward_kernel(first, step, means, quats, scales, colors, opacities, backgro
             end = start
         n_k = 0
         if end > start:
+            first_ray = extra[img, ty * tile_size, tx * tile_size]
             n_k = gather_gaussians(means, quats, scales, colors, opacities, flatten_ids, n_cams,
-                                   n_gauss, start, end, loc)
+                                   n_gauss, start, end, np.float64(first_ray[X_ORIGIN]),
+                                   np.float64(first_ray[X_ORIGIN + 1]),
+                                   np.float64(first_ray[X_ORIGIN + 2]), loc)
         for y in range(ty * tile_size, min(height, (ty + 1) * tile_size)):
             for x in range(tx * tile_size, min(width, (tx + 1) * tile_size)):
                 ray = extra[img, y, x]
@@ -139,12 +186,15 @@ def forward_kernel(first, step, means, quats, scales, colors, opacities, backgro
                 d1 = np.float64(ray[X_DIR + 1])
                 d2 = np.float64(ray[X_DIR + 2])
                 n_live = n_k if ray[X_VALID] != 0 else 0
+                cached = n_live > 0 and is_cached(loc, o0, o1, o2)
                 trans = one
                 for d in range(n_ch):
                     acc_c[d] = 0.0
                 last = -1
                 for j in range(n_live):
-                    power, _, _, _, _, _ = pair_power(loc, j, o0, o1, o2, d0, d1, d2)
+                    power, _, _, _, _, _, _ = pair_power(loc, j, cached, o0, o1, o2, d0, d1, d2)
+                    if power < loc[j, R_TAU]:
+                        continue
                     _, _, alpha = pair_alpha(loc, j, power, one)
                     if alpha < like(one, ALPHA_SKIP):
                         continue
