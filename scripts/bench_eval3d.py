@@ -2,7 +2,9 @@
 of ``rasterize_to_pixels_eval3d`` and of ``rasterize_to_pixels`` on the ``cpu`` backend, one
 scene, one pinhole camera, both on the box tile lists of their own projection
 (``fully_fused_projection_with_ut`` and ``fully_fused_projection``, ``isect_tiles``),
-measured in one run, interleaved; ratios per call and per intersection. A parity gate of the
+measured in one run, interleaved; ratios per call and per intersection; then the
+projections (``fully_fused_projection_with_ut`` on cpu and on the reference,
+``fully_fused_projection`` on cpu). A parity gate of the
 eval3d kernels against the torch reference runs first (``--gate-gaussians``, a smaller scene:
 the reference holds a tile's pixels x Gaussians in memory); no ratio on a red gate.
 
@@ -146,6 +148,34 @@ def main() -> None:
         print(f"  eval3d / 2D: {statistics.median(ratios):.2f}x per call "
               f"({ratios[0]:.2f}-{ratios[-1]:.2f}), "
               f"{m_ev / n_ev / (m_2d / n_2d):.2f}x per intersection")
+        projection(raw, width, height, args.repeats)
+
+
+def projection(raw, width, height, repeats) -> None:
+    """fully_fused_projection_with_ut on cpu and on the reference, fully_fused_projection on
+    cpu (the 3DGS projection with its backward's inputs), interleaved."""
+    means, quats, scales, opac, _, view, K = raw
+    calls = {
+        "ut cpu": lambda: tilesplat.fully_fused_projection_with_ut(
+            means, quats, scales, opac, view, K, width, height, backend="cpu"),
+        "ut torch": lambda: tilesplat.fully_fused_projection_with_ut(
+            means, quats, scales, opac, view, K, width, height, backend="torch"),
+        "3DGS cpu": lambda: tilesplat.fully_fused_projection(
+            means, None, quats, scales, view, K, width, height, backend="cpu"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for call in calls.values():
+        call()  # warm-up (compilation)
+    for _ in range(repeats):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"  projection: ut cpu {med['ut cpu'] * 1e3:.2f} ms, ut torch "
+          f"{med['ut torch'] * 1e3:.2f} ms ({med['ut torch'] / med['ut cpu']:.1f}x), "
+          f"3DGS cpu {med['3DGS cpu'] * 1e3:.2f} ms (ut cpu / 3DGS cpu "
+          f"{med['ut cpu'] / med['3DGS cpu']:.2f}x)")
 
 
 if __name__ == "__main__":
