@@ -202,6 +202,28 @@ def test_zero_gaussians_empty_tiles_and_no_background():
     assert float(got[0][1].detach()[..., -3:, :].abs().max()) == 0.0  # the right edge stays empty
 
 
+def test_invalid_rays_get_the_background(monkeypatch):
+    """Pixels whose camera inverse fails (every 7th here, through the rays both backends take
+    from ``image_rays``): background, alpha 0, no gradient, on both."""
+    from tilesplat.backends.cpu import ut as cpu_ut
+    from tilesplat.backends.torch import ut as torch_ut
+
+    original = torch_ut.image_rays
+
+    def some_invalid(*args):
+        origin, direction, valid = original(*args)
+        valid = valid.clone()
+        valid[::7] = False
+        return origin, direction, valid
+
+    monkeypatch.setattr(torch_ut, "image_rays", some_invalid)
+    monkeypatch.setattr(cpu_ut, "image_rays", some_invalid)
+    scene = _scene(120, torch.float32, kind="opencv", seed=9)
+    got = _compare(scene, masks=_masks())
+    alphas = got[0][1].detach().reshape(-1)
+    assert float(alphas[::7].abs().max()) == 0.0 and float(alphas.max()) > 0.5
+
+
 def test_batch_dims():
     scene = _scene(80, torch.float32, batch=(2,), C=2, kind="fisheye",
                    shutter=RollingShutterType.ROLLING_TOP_TO_BOTTOM, seed=4)
