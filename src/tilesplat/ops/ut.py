@@ -66,7 +66,8 @@ def fully_fused_projection_with_ut(
     shutter (``viewmats`` at the start of the exposure, ``viewmats_rs`` at its end).
     ``ut_params``: gsplat's sigma-point parameters. Not differentiable (as gsplat's): the
     outputs carry no gradient. ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the
-    torch reference and the cpu kernels implement it).
+    torch reference and the cpu kernel implement it; ``cuda`` runs the reference's PyTorch
+    code on the device).
 
     Returns:
         radii [..., C, N, 2] int32, means2d [..., C, N, 2], depths [..., C, N] (at the middle
@@ -198,7 +199,7 @@ def rasterize_to_pixels_eval3d(
     that requires grad makes the backward raise (gsplat gives none). Extra keywords:
     ``return_last_ids`` (also return last_ids [..., C, H, W] int32, -1 where nothing
     contributed), ``backend`` (``auto`` | ``torch`` | ``cpu`` | ``cuda``; the torch
-    reference and the cpu kernels implement it).
+    reference, the cpu and the cuda kernels implement it).
 
     Returns:
         render_colors [..., C, H, W, D] (background included), render_alphas
