@@ -3,7 +3,7 @@ reference: the eval3d rasterizer's kernels (``rasterize_to_pixels_eval3d``: imag
 last ids and every gradient: means, quats, scales, colours, opacities, backgrounds) with a
 pinhole camera, a distorted (OpenCV) one under a rolling shutter and a fisheye one in float64,
 backgrounds, masked tiles, empty tiles, zero Gaussians, full and partial warps (tile 8: 64
-threads; tile 4: 16), the ``deterministic`` option (bitwise-equal runs), and
+threads; tile 4: 16), batch dims, the ``deterministic`` option (bitwise-equal runs), and
 ``rasterization(with_ut=True, with_eval3d=True)`` on ``cuda`` (its projection is the
 reference's PyTorch code on the device, ``backends/cuda/ut.py``).
 
@@ -33,7 +33,7 @@ if not INNER:
         from helpers import run_in_cuda_simulator
 
         passed = run_in_cuda_simulator([__file__], str(request.config.rootpath))
-        assert len(passed) >= 8, passed
+        assert len(passed) >= 9, passed
 
 else:
     import math
@@ -170,6 +170,37 @@ else:
                                        torch.tensor([len(sc["flatten_ids"])])]))
         assert (counts == 0).any() and counts.max() > 1  # empty tiles and busy ones
         _compare(sc, with_bg=False)
+
+    def test_batch_dims():
+        """means [2, N, 3] seen by [2, 2] cameras: pair p of the [B*C*N] is Gaussian
+        (p // (C N)) N + p % N, each Gaussian's gradient summed over its batch's cameras."""
+        w, h, tile, B, C, n = 11, 7, 4, 2, 2, 5
+        dt = torch.float32
+        g = torch.Generator().manual_seed(3)
+        means = (torch.rand(B, n, 3, generator=g, dtype=dt) - 0.5) * torch.tensor(
+            [1.2, 0.8, 1.0])
+        quats = F.normalize(torch.randn(B, n, 4, generator=g, dtype=dt), dim=-1)
+        scales = torch.rand(B, n, 3, generator=g, dtype=dt) * 0.2 + 0.08
+        opac = torch.rand(B, C, n, generator=g, dtype=dt) * 0.8 + 0.15
+        colors = torch.rand(B, C, n, 3, generator=g, dtype=dt)
+        view = torch.eye(4, dtype=dt).repeat(B, C, 1, 1)
+        view[..., 2, 3] = 3.0
+        view[:, 1, 0, 3] = 0.2
+        K = torch.tensor([[10.0, 0, 5.3], [0, 10.3, 3.2], [0, 0, 1]], dtype=dt).repeat(
+            B, C, 1, 1)
+        radii, m2d, depths, _, _ = gsplat.fully_fused_projection_with_ut(
+            means, quats, scales, opac.mean(-2), view, K, w, h, backend="torch")
+        tw, th = math.ceil(w / tile), math.ceil(h / tile)
+        _, isect_ids, flatten_ids = gsplat.isect_tiles(m2d, radii, depths, tile, tw, th,
+                                                       backend="torch")
+        offsets = gsplat.isect_offset_encode(isect_ids, B * C, tw, th,
+                                             backend="torch").reshape(B, C, th, tw)
+        sc = {"inputs": [means, quats, scales, colors, opac], "view": view, "K": K,
+              "camera": {}, "offsets": offsets, "flatten_ids": flatten_ids,
+              "backgrounds": torch.rand(B, C, 3, generator=g, dtype=dt), "tile": tile,
+              "size": (w, h)}
+        got = _compare(sc)
+        assert float(got[0][1].max()) > 0.5
 
     def test_zero_gaussians_give_the_background():
         sc = _scene(0, torch.float32)
