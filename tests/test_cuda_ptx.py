@@ -41,6 +41,7 @@ from tilesplat.backends.cuda import (  # noqa: E402
     twodgs_projection,
     twodgs_rasterize_bwd,
     twodgs_rasterize_fwd,
+    ut_projection,
     ut_rasterize_bwd,
     ut_rasterize_fwd,
 )
@@ -91,8 +92,8 @@ def test_kernel_compiles_to_ptx(spec, ft, cc):
             assert not atomics, f"float atomics in {spec.name}: {sorted(set(atomics))}"
         else:
             assert re.search(r"\batom\.global\.add\.f64\b", ptx), "float64 atomics"
-    if spec.name.startswith("twodgs_projection"):
-        assert not FLOAT_ATOMIC.findall(ptx), "the 2DGS projection writes rows, no atomics"
+    if spec.name.startswith(("twodgs_projection", "ut_projection")):
+        assert not FLOAT_ATOMIC.findall(ptx), "the projection writes rows, no atomics"
 
 
 def test_catalogue_lists_every_kernel():
@@ -101,7 +102,8 @@ def test_catalogue_lists_every_kernel():
         obj
         for module in (covariance, indices, intersect, projection, rasterize_bwd, rasterize_fwd,
                        segment, sh, twodgs_projection, twodgs_rasterize_bwd,
-                       twodgs_rasterize_fwd, ut_rasterize_bwd, ut_rasterize_fwd)
+                       twodgs_rasterize_fwd, ut_projection, ut_rasterize_bwd,
+                       ut_rasterize_fwd)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__

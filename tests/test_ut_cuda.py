@@ -4,8 +4,10 @@ last ids and every gradient: means, quats, scales, colours, opacities, backgroun
 pinhole camera, a distorted (OpenCV) one under a rolling shutter and a fisheye one in float64,
 backgrounds, masked tiles, empty tiles, zero Gaussians, full and partial warps (tile 8: 64
 threads; tile 4: 16), batch dims, the ``deterministic`` option (bitwise-equal runs), and
-``rasterization(with_ut=True, with_eval3d=True)`` on ``cuda`` (its projection is the
-reference's PyTorch code on the device, ``backends/cuda/ut.py``).
+the unscented projection's kernel (every lens kind but the perfect pinhole's twin, rolling and
+global shutters, culled Gaussians, float64 and float32 against the float64 reference, no
+opacities, zero Gaussians), and ``rasterization(with_ut=True, with_eval3d=True)`` on
+``cuda``.
 
 As ``test_cuda_2dgs.py``: the outer run has one test that runs this file again in a subprocess
 with the simulator on and ``TILESPLAT_POISON=1`` (every output buffer starts as NaN). Scenes
@@ -33,7 +35,7 @@ if not INNER:
         from helpers import run_in_cuda_simulator
 
         passed = run_in_cuda_simulator([__file__], str(request.config.rootpath))
-        assert len(passed) >= 9, passed
+        assert len(passed) >= 13, passed
 
 else:
     import math
@@ -218,9 +220,56 @@ else:
         for a, b in zip(first[2], again[2], strict=True):
             assert torch.equal(a, b)
 
+    @pytest.mark.parametrize(("kind", "shutter"), [
+        ("opencv", RollingShutterType.ROLLING_TOP_TO_BOTTOM),
+        ("fisheye", RollingShutterType.ROLLING_LEFT_TO_RIGHT),
+        ("ftheta_backward_reference", RollingShutterType.GLOBAL),
+    ], ids=str)
+    def test_projection_is_the_definition(kind, shutter):
+        """As the cpu kernel's test (``test_ut_cpu.py``): float64, the float64 reference's
+        outputs (radii exactly); float32, its result rounded (radii exactly, the rest to
+        1e-5); 12 Gaussians of its scene (batch 2, two cameras: some culled)."""
+        from test_ut_cpu import H as PH
+        from test_ut_cpu import W as PW
+        from test_ut_cpu import _float64, _projection_scene
+
+        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+            args, camera = _projection_scene(kind, shutter, dtype)
+            args = (*(a[:, :12].contiguous() for a in args[:4]), *args[4:])
+            got = gsplat.fully_fused_projection_with_ut(*args, PW, PH, backend="cuda",
+                                                        calc_compensations=True, **camera)
+            want = gsplat.fully_fused_projection_with_ut(
+                *(a.double() for a in args), PW, PH, backend="torch", calc_compensations=True,
+                **_float64(camera))
+            assert torch.equal(got[0], want[0]), "radii differ"
+            visible = int((want[0] > 0).any(-1).sum())
+            assert 0 < visible < want[0][..., 0].numel(), visible
+            for name, a, e in zip(("means2d", "depths", "conics", "compensations"), got[1:],
+                                  want[1:], strict=True):
+                assert a.dtype == dtype
+                assert_close(f"{name} ({dtype})", a, e, tol, tol)
+
+    def test_projection_without_opacities_and_zero_gaussians():
+        from test_ut_cpu import H as PH
+        from test_ut_cpu import W as PW
+        from test_ut_cpu import _projection_scene
+
+        args, camera = _projection_scene("pinhole", RollingShutterType.GLOBAL, torch.float64)
+        args = (*(a[:, :6].contiguous() for a in args[:3]), None, *args[4:])
+        for a, e in zip(
+                gsplat.fully_fused_projection_with_ut(*args, PW, PH, backend="cuda", **camera),
+                gsplat.fully_fused_projection_with_ut(*args, PW, PH, backend="torch", **camera),
+                strict=True):
+            if e is not None:
+                assert_close("output", a, e, 1e-10, 1e-10)
+        empty = (args[0][:, :0], args[1][:, :0], args[2][:, :0], None, *args[4:])
+        radii = gsplat.fully_fused_projection_with_ut(*empty, PW, PH, backend="cuda",
+                                                      **camera)[0]
+        assert radii.shape == (2, 2, 0, 2)
+
     def test_rasterization_with_ut_and_eval3d_on_cuda():
-        """The whole pipeline (the reference's projection on the device, tiles, the eval3d
-        kernels) on backend cuda; ``auto`` picks cuda for CUDA tensors."""
+        """The whole pipeline (the projection kernel, tiles, the eval3d kernels) on backend
+        cuda; ``auto`` picks cuda for CUDA tensors."""
         for op in ("rasterize_to_pixels_eval3d", "fully_fused_projection_with_ut"):
             assert registry.resolve_name(op, torch.device("cuda"), "auto") == "cuda"
         sc = _scene(8, torch.float32, seed=7, kind="opencv")

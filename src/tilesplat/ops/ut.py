@@ -66,8 +66,7 @@ def fully_fused_projection_with_ut(
     shutter (``viewmats`` at the start of the exposure, ``viewmats_rs`` at its end).
     ``ut_params``: gsplat's sigma-point parameters. Not differentiable (as gsplat's): the
     outputs carry no gradient. ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the
-    torch reference and the cpu kernel implement it; ``cuda`` runs the reference's PyTorch
-    code on the device).
+    torch reference, the cpu and the cuda kernels implement it).
 
     Returns:
         radii [..., C, N, 2] int32, means2d [..., C, N, 2], depths [..., C, N] (at the middle

@@ -60,7 +60,7 @@ from .ut_rasterize_fwd import EXTRA_COLS, forward_kernel
 # the projection
 
 
-def _camera_rows(viewmats: torch.Tensor, Ks: torch.Tensor, camera: UTCamera, width: int,
+def camera_rows(viewmats: torch.Tensor, Ks: torch.Tensor, camera: UTCamera, width: int,
                  height: int, margin: float) -> tuple[np.ndarray, int, np.ndarray, bool]:
     """The cameras [B, C] as the kernel takes them: rows [B, C, N_PARAMS] float64 (columns
     ``ut_projection.P_*``, from the reference's Lens and Shutter), the model's code, the
@@ -137,7 +137,7 @@ def project_with_ut(
     n_batch, n_gauss = means.shape[:2]
     n_cams = viewmats.shape[1]
     dt = means.dtype
-    rows, model, ft, rolling = _camera_rows(viewmats, Ks, camera, width, height,
+    rows, model, ft, rolling = camera_rows(viewmats, Ks, camera, width, height,
                                             ut.in_image_margin_factor)
     radii = alloc((n_batch, n_cams, n_gauss, 2), torch.int32)
     means2d = alloc((n_batch, n_cams, n_gauss, 2), dt)

@@ -64,7 +64,6 @@ register("fully_fused_projection_2dgs", "cuda", twodgs.fully_fused_projection_2d
 register("rasterize_to_pixels_2dgs", "cuda", twodgs.rasterize_to_pixels_2dgs)
 register("rasterize_to_indices_in_range_2dgs", "cuda", indices.rasterize_to_indices_in_range_2dgs)
 register("ssim", "cuda", DiffOp(ssim.forward, ssim.backward))
-# 3DGUT: the projection is the reference's PyTorch code on the device (``ut``'s docstring)
 register("fully_fused_projection_with_ut", "cuda", ut.project_with_ut)
 register("rasterize_to_pixels_eval3d", "cuda", DiffOp(ut.forward, ut.backward))
 

@@ -25,6 +25,7 @@ from .sh import make_sh_bwd, make_sh_fwd
 from .twodgs_projection import make_projection_2dgs_bwd, make_projection_2dgs_fwd
 from .twodgs_rasterize_bwd import make_rasterize_2dgs_bwd
 from .twodgs_rasterize_fwd import make_rasterize_2dgs_fwd
+from .ut_projection import make_ut_projection
 from .ut_rasterize_bwd import make_ut_rasterize_bwd
 from .ut_rasterize_fwd import make_ut_rasterize_fwd
 
@@ -228,6 +229,13 @@ def _raster_ut_bwd_args(F):
                                    _arr(nt.float64, 2))
 
 
+def _ut_proj_args(F):
+    b, i64, f64 = nt.boolean, nt.int64, nt.float64
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 2), b, _arr(f64, 3), i64, _arr(f64, 1),
+            i64, b, f64, i64, i64, f64, f64, f64, f64, f64, f64, f64, f64, b,
+            _arr(nt.int32, 4), _arr(F, 4), _arr(F, 3), _arr(F, 4), _arr(F, 3))  # fmt: skip
+
+
 UT_KERNELS = ("forward", "backward", "backward_det")
 
 
@@ -291,7 +299,8 @@ KERNELS: tuple[KernelSpec, ...] = (
                _indices_2dgs_args, float64_inside=True),
     KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE_SIZE, True),
                _indices_2dgs_args, float64_inside=True),
-    # 3DGUT's eval3d rasterizer (the projection runs the reference's PyTorch code)
+    # 3DGUT: the unscented projection (float64 inside, as the cpu kernel) and eval3d
+    KernelSpec("ut_projection", make_ut_projection, _ut_proj_args, float64_inside=True),
     ut_raster_spec("forward", TILE_SIZE, CHANNELS),
     ut_raster_spec("backward", TILE_SIZE, CHANNELS),
     ut_raster_spec("backward_det", TILE_SIZE, CHANNELS),

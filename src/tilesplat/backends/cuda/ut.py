@@ -1,18 +1,18 @@
-"""The CUDA 3DGUT ops: the eval3d rasterizer's launchers (``rasterize_to_pixels_eval3d``: they
-check the launch limits, compute the pixels' rays, allocate and launch the kernels of
+"""The CUDA 3DGUT ops: the launcher of ``fully_fused_projection_with_ut``'s kernel
+(``ut_projection``) and the eval3d rasterizer's launchers (``rasterize_to_pixels_eval3d``:
+they check the launch limits, compute the pixels' rays, allocate and launch the kernels of
 ``ut_rasterize_fwd`` and ``ut_rasterize_bwd`` image chunk by chunk, then finish the gradients
-with PyTorch ops on the device), and ``fully_fused_projection_with_ut``.
+with PyTorch ops on the device).
+
+The projection's cameras are the cpu launcher's rows (``cpu/ut.py`` ``camera_rows``: the
+reference's ``Lens`` and ``Shutter`` in float64, a few numbers per camera, built on the host
+and copied to the device).
 
 The rays are the reference's own: ``image_rays`` (``backends/torch/ut.py``: every camera
 model, the distortion inverted by Newton's method, the rolling shutter's pose at each pixel's
 time) runs as PyTorch ops on the device, once per forward, into a table [I, H, W, 8] (origin,
 unit direction, valid, and the final transmittance the forward kernel writes) that the
 backward reuses; the kernels know no camera.
-
-The projection has no kernel yet: ``fully_fused_projection_with_ut`` on ``cuda`` is the
-reference's vectorised PyTorch code (``torch/ut.py``'s ``project_with_ut``, no gradient, as
-gsplat's) run on the device tensors, so it is exact for every camera and shutter and as fast
-as PyTorch's ops on the GPU make it.
 
 With the ``deterministic`` option (``runtime.get_options``) the backward stores a row per
 (intersection, warp) and ``segment.segment_sum`` sums them in a fixed order, as the 2DGS
@@ -21,15 +21,19 @@ backward does; otherwise the rows are added with float64 atomics.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from ...constants import SHUTTER_GLOBAL
+from ..cpu.ut import camera_rows
 from ..torch.covariance import quat_to_rotmat
 from ..torch.ut import image_rays
-from ..torch.ut import project_with_ut as _reference_projection
 from ..ut_camera import UTCamera, UTParams
 from . import raster_limits
-from .runtime import empty, float_type, get_options, launch, launcher, optional
+from .runtime import cdiv, empty, float_type, get_options, launch, launcher, optional
 from .segment import segment_sum
+from .ut_projection import THREADS, projection_kernel
 from .ut_rasterize_bwd import N_GEOM, V_COLOR, V_MEAN, V_OP, V_Q, backward_kernel, n_warps
 from .ut_rasterize_fwd import RAY_COLS, T_FINAL, forward_kernel
 
@@ -37,6 +41,17 @@ from .ut_rasterize_fwd import RAY_COLS, T_FINAL, forward_kernel
 # the projection
 
 
+def _on_host(camera: UTCamera) -> UTCamera:
+    def host(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.detach().cpu()
+
+    return dataclasses.replace(camera, radial=host(camera.radial),
+                               tangential=host(camera.tangential),
+                               thin_prism=host(camera.thin_prism),
+                               viewmats_rs=host(camera.viewmats_rs))
+
+
+@launcher
 def project_with_ut(
     means: torch.Tensor,  # [B, N, 3]
     quats: torch.Tensor,  # [B, N, 4]
@@ -54,12 +69,32 @@ def project_with_ut(
     camera: UTCamera,  # tensors [B, C, ...]
     ut: UTParams,
 ) -> tuple[torch.Tensor, ...]:
-    """The reference's projection on the device tensors (no kernel yet, see the module
-    docstring): radii [B, C, N, 2] int32, means2d [B, C, N, 2], depths [B, C, N], conics
-    [B, C, N, 3], compensations [B, C, N] or None."""
-    return _reference_projection(means, quats, scales, opacities, viewmats, Ks, width, height,
-                                 eps2d, near_plane, far_plane, radius_clip, calc_compensations,
-                                 camera, ut)
+    """radii [B, C, N, 2] int32, means2d [B, C, N, 2], depths [B, C, N], conics [B, C, N, 3],
+    compensations [B, C, N] or None (culled entries: zero radii, means2d, conics and
+    compensations, and their depth)."""
+    n_batch, n_gauss = means.shape[:2]
+    n_cams = viewmats.shape[1]
+    dtype, device = means.dtype, means.device
+    # the cameras' rows are a few numbers each, built on the host (one small copy back)
+    rows, model, ft, rolling = camera_rows(viewmats.cpu(), Ks.cpu(), _on_host(camera), width,
+                                           height, ut.in_image_margin_factor)
+    shape = (n_batch, n_cams, n_gauss)
+    radii = empty((*shape, 2), torch.int32, device)
+    means2d = empty((*shape, 2), dtype, device)
+    depths = empty(shape, dtype, device)
+    conics = empty((*shape, 3), dtype, device)
+    comps = empty(shape, dtype, device)
+    total = n_batch * n_cams * n_gauss
+    if total > 0:
+        launch(projection_kernel(float_type(dtype)), cdiv(total, THREADS), THREADS, device,
+               means.contiguous(), quats.contiguous(), scales.contiguous(),
+               optional(opacities, means, 2), opacities is not None,
+               torch.from_numpy(rows).to(device), model,
+               torch.from_numpy(ft).to(device), camera.shutter if rolling else SHUTTER_GLOBAL,
+               rolling, float(torch.finfo(dtype).eps), width, height, eps2d, near_plane,
+               far_plane, radius_clip, ut.alpha, ut.beta, ut.kappa, ut.in_image_margin_factor,
+               ut.require_all_sigma_points_valid, radii, means2d, depths, conics, comps)
+    return radii, means2d, depths, conics, comps if calc_compensations else None
 
 
 # ---------------------------------------------------------------------------------------------
