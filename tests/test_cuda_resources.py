@@ -180,6 +180,20 @@ def test_ut_launch_fits_the_hardware(kernel, tile, channels, ft):
         assert ut_shared(t) + 4 * n_warps(t) + room <= runtime.STATIC_SHARED_BYTES
 
 
+@pytest.mark.parametrize("ft", [np.float32, np.float64], ids=lambda f: f.__name__)
+def test_ut_projection_fits_the_hardware(ft):
+    """The unscented projection (float64 inside, seven sigma points and a camera per thread)
+    fits the register file in its launch block (``ut_projection.THREADS``)."""
+    from tilesplat.backends.cuda.ut_projection import THREADS
+
+    cc = (9, 0)
+    spec = next(k for k in kernels.KERNELS if k.name == "ut_projection")
+    res = link_resources(kernels.compile_ptx(spec, ft, cc, threads=THREADS), cc)
+    assert register_file_fits(res["registers"], THREADS), (
+        f"{res['registers']} registers x {THREADS} threads exceed the register file")
+    assert res["shared"] <= runtime.STATIC_SHARED_BYTES
+
+
 def test_every_allowed_configuration_fits_shared_memory():
     """With the launchers' count checked against the linker above, every tile size they
     accept and any channel count (1..256) stays within 48 KB."""
