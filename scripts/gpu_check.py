@@ -25,7 +25,10 @@ Steps, the most valuable numbers first:
    the last scene (the 4 ms target's); then 2DGS (:mod:`tilesplat.bench.twodgs`):
    ``rasterization_2dgs`` forward + backward on ``cuda`` against the torch reference on the
    GPU, parity (float32, arbitrated by the float64 reference) then the median time of each,
-   on 3,000 surfels at 128x128; then parity on the other scenes and the bench there;
+   on 3,000 surfels at 128x128; then 3DGUT (:mod:`tilesplat.bench.ut`): ``rasterization(
+   with_ut=True, with_eval3d=True)`` through an OpenCV camera under a rolling shutter, the
+   same gate and times on 3,000 Gaussians at 128x128; then parity on the other scenes and
+   the bench there;
 4. variants: warp skip off (``per_pixel``; ``per_splat`` links the runs), ``per_splat`` with
    batches of 256;
 5. train the built-in scene on the GPU: ``tilesplat train`` (:func:`tilesplat.train.train_run`,
@@ -391,6 +394,11 @@ def tables(report: dict[str, Any]) -> str:
 
         lines += ["## 2DGS against the torch reference", "", format_twodgs_check(
             report["twodgs"]), ""]
+    if report.get("ut"):
+        from tilesplat.bench.ut import format_ut_check
+
+        lines += ["## 3DGUT against the torch reference", "", format_ut_check(report["ut"]),
+                  ""]
     train = report.get("train")
     if train:
         lines += ["## Training the built-in scene (tilesplat train)", "",
@@ -506,6 +514,17 @@ def main(argv: list[str] | None = None) -> int:
         print(format_twodgs_check(twodgs), flush=True)
         if not twodgs["passed"]:  # the run's verdict reads the steps' statuses
             report["steps"][-1]["status"] = "failed: 2DGS parity against the torch reference"
+
+    from tilesplat.bench.ut import format_ut_check, run_ut_check
+
+    ut = run.step("3DGUT parity and speed against the torch reference", lambda: (
+        run_ut_check(n=30, size=16, repeats=1) if sim or args.quick else run_ut_check()),
+        skip=no_gpu)
+    if ut is not None:
+        report["ut"] = ut
+        print(format_ut_check(ut), flush=True)
+        if not ut["passed"]:
+            report["steps"][-1]["status"] = "failed: 3DGUT parity against the torch reference"
     for scene in scenes[1:]:
         parity(scene)
     for scene in scenes[:-1]:

@@ -3,10 +3,11 @@ for sm_80), with no GPU.
 
 numba-cuda's NVVM comes from pip packages (``numba-cuda[cu13]``), so ``compile_ptx`` runs on
 a CPU-only machine. Besides compiling, the PTX is checked for what the design promises:
-float32 kernels do no float64 arithmetic (but the 2DGS ones, which compute in float64 by
-design), the per-pixel backward uses warp shuffles and votes, the forward's early exit is a
-block-wide count, atomics are native float adds, and the deterministic 2DGS backward and the
-2DGS projection add no float with an atomic.
+float32 kernels do no float64 arithmetic (but the 2DGS and 3DGUT ones, which compute in
+float64 by design), the per-pixel backward uses warp shuffles and votes, the forward's early
+exit is a block-wide count, atomics are native float adds, and the deterministic 2DGS and
+3DGUT (eval3d) backwards and the 2DGS projection add no float with an atomic. The 3DGUT
+kernels, like the other float64-inside ones, compile for sm_90 only.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from tilesplat.backends.cuda import (  # noqa: E402
     twodgs_projection,
     twodgs_rasterize_bwd,
     twodgs_rasterize_fwd,
+    ut_projection,
+    ut_rasterize_bwd,
+    ut_rasterize_fwd,
 )
 
 CASES = [
@@ -79,7 +83,9 @@ def test_kernel_compiles_to_ptx(spec, ft, cc):
         assert "bar.red.or" in ptx, "early exit by syncthreads_or"
     if spec.name.startswith("twodgs_rasterize_forward"):
         assert "bar.red.popc" in ptx, "early exit by syncthreads_count"
-    if spec.name.startswith("twodgs_rasterize_backward"):
+    if spec.name.startswith("ut_rasterize_forward"):
+        assert "bar.red.popc" in ptx, "early exit by syncthreads_count"
+    if spec.name.startswith(("twodgs_rasterize_backward", "ut_rasterize_backward")):
         assert "shfl.sync.bfly" in ptx and "shfl.sync.down" in ptx, "warp reductions"
         assert "vote.sync.any" in ptx, "warp skip"
         atomics = FLOAT_ATOMIC.findall(ptx)
@@ -87,8 +93,8 @@ def test_kernel_compiles_to_ptx(spec, ft, cc):
             assert not atomics, f"float atomics in {spec.name}: {sorted(set(atomics))}"
         else:
             assert re.search(r"\batom\.global\.add\.f64\b", ptx), "float64 atomics"
-    if spec.name.startswith("twodgs_projection"):
-        assert not FLOAT_ATOMIC.findall(ptx), "the 2DGS projection writes rows, no atomics"
+    if spec.name.startswith(("twodgs_projection", "ut_projection")):
+        assert not FLOAT_ATOMIC.findall(ptx), "the projection writes rows, no atomics"
 
 
 def test_catalogue_lists_every_kernel():
@@ -97,7 +103,8 @@ def test_catalogue_lists_every_kernel():
         obj
         for module in (covariance, indices, intersect, projection, rasterize_bwd, rasterize_fwd,
                        segment, sh, twodgs_projection, twodgs_rasterize_bwd,
-                       twodgs_rasterize_fwd)
+                       twodgs_rasterize_fwd, ut_projection, ut_rasterize_bwd,
+                       ut_rasterize_fwd)
         for name, obj in vars(module).items()
         if inspect.isfunction(obj) and name.startswith("make_")
         and obj.__module__ == module.__name__

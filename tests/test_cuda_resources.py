@@ -40,6 +40,7 @@ from tilesplat.backends.cuda.rasterize import forward as rasterize_to_pixels_fwd
 from tilesplat.backends.cuda.rasterize_fwd import KEEP_SUM  # noqa: E402
 from tilesplat.backends.cuda.twodgs_rasterize_bwd import n_warps  # noqa: E402
 from tilesplat.backends.cuda.twodgs_rasterize_fwd import shared_bytes as twodgs_shared  # noqa: E402
+from tilesplat.backends.cuda.ut_rasterize_fwd import shared_bytes as ut_shared  # noqa: E402
 
 FLOAT_BYTES = {np.float32: 4, np.float64: 8}
 
@@ -152,6 +153,46 @@ def test_twodgs_launch_fits_the_hardware(kernel, tile, channels, ft):
     for t in range(1, raster_limits.MAX_TILE + 1):  # every tile the launchers accept
         room = raster_limits.SHARED_ALIGN_SLACK + raster_limits.RESERVED_SHARED
         assert twodgs_shared(t) + 4 * n_warps(t) + room <= runtime.STATIC_SHARED_BYTES
+
+
+# 3DGUT's eval3d rasterizer: the default tile and RGB for each kernel, and the edges of the
+# backward: the most registers (16 channels at tile 16) and the largest tile (32) in float64
+UT_CASES = [("forward", 16, 3, np.float32), ("backward", 16, 3, np.float32),
+            ("backward_det", 16, 3, np.float32), ("backward", 16, 16, np.float32),
+            ("backward", 32, 16, np.float64)]
+
+
+@pytest.mark.parametrize("kernel, tile, channels, ft", UT_CASES,
+                         ids=[f"{k}-t{t}-c{c}-{f.__name__}" for k, t, c, f in UT_CASES])
+def test_ut_launch_fits_the_hardware(kernel, tile, channels, ft):
+    cc = (9, 0)
+    threads = tile * tile
+    ptx = kernels.compile_ptx(kernels.ut_raster_spec(kernel, tile, channels), ft, cc,
+                              threads=threads)
+    res = link_resources(ptx, cc)
+    assert register_file_fits(res["registers"], threads), (
+        f"{res['registers']} registers x {threads} threads exceed the register file")
+    predicted = ut_shared(tile) + (0 if kernel == "forward" else 4 * n_warps(tile))
+    declared = res["shared"] - raster_limits.RESERVED_SHARED
+    assert predicted <= declared <= predicted + raster_limits.SHARED_ALIGN_SLACK, (
+        f"linker: {res['shared']} bytes of shared memory, launchers count {predicted}")
+    for t in range(1, raster_limits.MAX_TILE + 1):  # every tile the launchers accept
+        room = raster_limits.SHARED_ALIGN_SLACK + raster_limits.RESERVED_SHARED
+        assert ut_shared(t) + 4 * n_warps(t) + room <= runtime.STATIC_SHARED_BYTES
+
+
+@pytest.mark.parametrize("ft", [np.float32, np.float64], ids=lambda f: f.__name__)
+def test_ut_projection_fits_the_hardware(ft):
+    """The unscented projection (float64 inside, seven sigma points and a camera per thread)
+    fits the register file in its launch block (``ut_projection.THREADS``)."""
+    from tilesplat.backends.cuda.ut_projection import THREADS
+
+    cc = (9, 0)
+    spec = next(k for k in kernels.KERNELS if k.name == "ut_projection")
+    res = link_resources(kernels.compile_ptx(spec, ft, cc, threads=THREADS), cc)
+    assert register_file_fits(res["registers"], THREADS), (
+        f"{res['registers']} registers x {THREADS} threads exceed the register file")
+    assert res["shared"] <= runtime.STATIC_SHARED_BYTES
 
 
 def test_every_allowed_configuration_fits_shared_memory():

@@ -11,8 +11,9 @@
 - the lens models against each other (OpenCV with zero coefficients is the perfect pinhole,
   a linear f-theta is the equidistant fisheye) and their inverses;
 - gsplat's ``simple_trainer.py`` call through ``import tilesplat as gsplat``, batch dims,
-  ``with_ut`` and ``with_eval3d`` each alone, the backends' refusals and fallback, and every
-  bad input's ValueError.
+  ``with_ut`` and ``with_eval3d`` each alone, a backend without the ops, ``auto``'s fallback,
+  and every bad input's ValueError. The cpu backend's kernels: tests/test_ut_cpu.py; the cuda
+  backend's: tests/test_ut_cuda.py.
 """
 
 from __future__ import annotations
@@ -613,8 +614,13 @@ def test_rasterization_depth_modes_and_sh_directions_with_a_rolling_shutter():
     assert float(alpha.max()) > 0.5
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
-def test_native_backends_name_the_missing_op(backend):
+def test_a_backend_without_the_ops_names_the_missing_op(monkeypatch):
+    # every native backend has 3DGUT's ops (tests/test_ut_cpu.py, tests/test_ut_cuda.py): the
+    # cpu backend's entries taken away
+    backend = "cpu"
+    registry.implemented_ops(backend)
+    for op in ("fully_fused_projection_with_ut", "rasterize_to_pixels_eval3d"):
+        monkeypatch.delitem(registry._impls, (op, backend))
     means, quats, scales, opacities = _gaussians()
     view, K, _ = _views()
     with pytest.raises(NotImplementedError,
@@ -632,6 +638,9 @@ def test_native_backends_name_the_missing_op(backend):
 
 def test_auto_falls_back_to_the_reference_with_one_warning(monkeypatch):
     monkeypatch.setattr(registry, "_warned", set())
+    registry.implemented_ops("cpu")  # loads the cpu backend
+    # a native backend without the op: the cpu backend's entry taken away
+    monkeypatch.delitem(registry._impls, ("fully_fused_projection_with_ut", "cpu"))
     means, quats, scales, opacities = _gaussians()
     view, K, _ = _views()
     with warnings.catch_warnings(record=True) as caught:

@@ -65,8 +65,8 @@ def fully_fused_projection_with_ut(
     k1..k4) or ``ftheta`` (``ftheta_coeffs``), at the pose of their pixel's time on a rolling
     shutter (``viewmats`` at the start of the exposure, ``viewmats_rs`` at its end).
     ``ut_params``: gsplat's sigma-point parameters. Not differentiable (as gsplat's): the
-    outputs carry no gradient. ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (only
-    the torch reference implements it yet).
+    outputs carry no gradient. ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (the
+    torch reference, the cpu and the cuda kernels implement it).
 
     Returns:
         radii [..., C, N, 2] int32, means2d [..., C, N, 2], depths [..., C, N] (at the middle
@@ -197,8 +197,8 @@ def rasterize_to_pixels_eval3d(
     Differentiable in means, quats, scales, colors, opacities and backgrounds; a ``viewmats``
     that requires grad makes the backward raise (gsplat gives none). Extra keywords:
     ``return_last_ids`` (also return last_ids [..., C, H, W] int32, -1 where nothing
-    contributed), ``backend`` (``auto`` | ``torch`` | ``cpu`` | ``cuda``; only the torch
-    reference implements it yet).
+    contributed), ``backend`` (``auto`` | ``torch`` | ``cpu`` | ``cuda``; the torch
+    reference, the cpu and the cuda kernels implement it).
 
     Returns:
         render_colors [..., C, H, W, D] (background included), render_alphas

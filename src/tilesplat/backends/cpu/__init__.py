@@ -20,7 +20,7 @@ from ..kernel_cache import install as _install_kernel_cache
 _install_kernel_cache()  # before the kernels below are decorated with cache=True
 
 from ..registry import DiffOp, register  # noqa: E402
-from . import covariance, intersect, projection, rasterize, sh, ssim, twodgs  # noqa: E402
+from . import covariance, intersect, projection, rasterize, sh, ssim, twodgs, ut  # noqa: E402
 
 # One line an op (the scheme: ``backends/registry.py``).
 register("quat_scale_to_covar_preci", "cpu", DiffOp(covariance.forward, covariance.backward))
@@ -33,3 +33,5 @@ register("rasterize_to_pixels", "cpu", DiffOp(rasterize.forward, rasterize.backw
 register("fully_fused_projection_2dgs", "cpu", twodgs.fully_fused_projection_2dgs)
 register("rasterize_to_pixels_2dgs", "cpu", twodgs.rasterize_to_pixels_2dgs)
 register("ssim", "cpu", DiffOp(ssim.forward, ssim.backward))
+register("fully_fused_projection_with_ut", "cpu", ut.project_with_ut)
+register("rasterize_to_pixels_eval3d", "cpu", DiffOp(ut.forward, ut.backward))

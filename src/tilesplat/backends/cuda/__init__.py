@@ -36,6 +36,7 @@ from . import (  # noqa: E402
     sh,
     ssim,
     twodgs,
+    ut,
 )
 from .runtime import (  # noqa: E402
     SIMULATOR,
@@ -63,5 +64,7 @@ register("fully_fused_projection_2dgs", "cuda", twodgs.fully_fused_projection_2d
 register("rasterize_to_pixels_2dgs", "cuda", twodgs.rasterize_to_pixels_2dgs)
 register("rasterize_to_indices_in_range_2dgs", "cuda", indices.rasterize_to_indices_in_range_2dgs)
 register("ssim", "cuda", DiffOp(ssim.forward, ssim.backward))
+register("fully_fused_projection_with_ut", "cuda", ut.project_with_ut)
+register("rasterize_to_pixels_eval3d", "cuda", DiffOp(ut.forward, ut.backward))
 
 __all__ = ["get_options", "launch_stats", "reset_launch_stats", "reset_options", "set_options"]

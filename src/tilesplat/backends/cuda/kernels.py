@@ -25,6 +25,9 @@ from .sh import make_sh_bwd, make_sh_fwd
 from .twodgs_projection import make_projection_2dgs_bwd, make_projection_2dgs_fwd
 from .twodgs_rasterize_bwd import make_rasterize_2dgs_bwd
 from .twodgs_rasterize_fwd import make_rasterize_2dgs_fwd
+from .ut_projection import make_ut_projection
+from .ut_rasterize_bwd import make_ut_rasterize_bwd
+from .ut_rasterize_fwd import make_ut_rasterize_fwd
 
 CHANNELS = 3
 
@@ -210,6 +213,48 @@ def twodgs_raster_spec(kernel: str, tile_size: int, channels: int) -> KernelSpec
     raise ValueError(f"kernel must be one of {TWODGS_KERNELS}, got {kernel!r}")
 
 
+def _raster_ut_common(F):
+    b, i64, i32 = nt.boolean, nt.int64, nt.int32
+    return (_arr(F, 2), _arr(F, 2), _arr(F, 2), _arr(F, 2), _arr(F, 1), _arr(F, 2), b,
+            _arr(b, 3), b, i64, i64, i64, i64, _arr(i32, 1), _arr(i32, 1), i64, i64, i64,
+            _arr(F, 4))  # fmt: skip
+
+
+def _raster_ut_fwd_args(F):
+    return _raster_ut_common(F) + (_arr(F, 4), _arr(F, 4), _arr(nt.int32, 3))
+
+
+def _raster_ut_bwd_args(F):
+    return _raster_ut_common(F) + (_arr(nt.int32, 3), _arr(F, 4), _arr(F, 4),
+                                   _arr(nt.float64, 2))
+
+
+def _ut_proj_args(F):
+    b, i64, f64 = nt.boolean, nt.int64, nt.float64
+    return (_arr(F, 3), _arr(F, 3), _arr(F, 3), _arr(F, 2), b, _arr(f64, 3), i64, _arr(f64, 1),
+            i64, b, f64, i64, i64, f64, f64, f64, f64, f64, f64, f64, f64, b,
+            _arr(nt.int32, 4), _arr(F, 4), _arr(F, 3), _arr(F, 4), _arr(F, 3))  # fmt: skip
+
+
+UT_KERNELS = ("forward", "backward", "backward_det")
+
+
+def ut_raster_spec(kernel: str, tile_size: int, channels: int) -> KernelSpec:
+    """A 3DGUT eval3d rasterization kernel (``UT_KERNELS``) in any configuration the launchers
+    allow; its block is ``tile_size**2`` threads. The pair's power is float64 whatever the
+    data's type (``ut_rasterize_fwd``)."""
+    name = f"ut_rasterize_{kernel}-t{tile_size}-c{channels}"
+    if kernel == "forward":
+        return KernelSpec(name, lambda ft: make_ut_rasterize_fwd(ft, tile_size, channels),
+                          _raster_ut_fwd_args, float64_inside=True)
+    if kernel in ("backward", "backward_det"):
+        det = kernel == "backward_det"
+        return KernelSpec(
+            name, lambda ft: make_ut_rasterize_bwd(ft, tile_size, channels, det),
+            _raster_ut_bwd_args, float64_inside=True)
+    raise ValueError(f"kernel must be one of {UT_KERNELS}, got {kernel!r}")
+
+
 KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec("rasterize_fwd", lambda ft: make_rasterize_fwd(ft, TILE_SIZE, CHANNELS), _fwd_args),
     KernelSpec("rasterize_fwd_keep_sum",
@@ -254,6 +299,11 @@ KERNELS: tuple[KernelSpec, ...] = (
                _indices_2dgs_args, float64_inside=True),
     KernelSpec("twodgs_indices_fill", lambda ft: make_indices_2dgs(ft, TILE_SIZE, True),
                _indices_2dgs_args, float64_inside=True),
+    # 3DGUT: the unscented projection (float64 inside, as the cpu kernel) and eval3d
+    KernelSpec("ut_projection", make_ut_projection, _ut_proj_args, float64_inside=True),
+    ut_raster_spec("forward", TILE_SIZE, CHANNELS),
+    ut_raster_spec("backward", TILE_SIZE, CHANNELS),
+    ut_raster_spec("backward_det", TILE_SIZE, CHANNELS),
 )
 
 

@@ -1,0 +1,272 @@
+"""The CPU 3DGUT ops: launchers of the unscented-transform projection's kernel
+(``ut_projection``) and of the eval3d rasterizer's kernels (``ut_rasterize_fwd``,
+``ut_rasterize_bwd``).
+
+The cameras' numbers are the reference's: the projection's launcher builds the reference's
+``Lens`` and ``Shutter`` (``torch/lens.py``) for the cameras in float64 (focal lengths,
+principal point, coefficients, the fisheye's max angle, the poses' quaternions: a few numbers
+per camera) and hands them to the kernel as one float64 row each.
+
+The rasterizer's pixel rays are computed by the reference's vectorised ``image_rays`` (every
+camera model, the distortion inverted by Newton's method, the rolling shutter's pose at each
+pixel's time), once per forward, and kept with each pixel's final transmittance for the
+backward; the kernels only see rays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ...constants import SHUTTER_GLOBAL
+from ..torch.lens import Lens, Shutter
+from ..torch.ut import image_rays
+from ..ut_camera import UTCamera, UTParams
+from ._common import BLOCK, alloc, parallel_for, view
+from .cull import max_tile_len
+from .rasterize_bwd import group_by_gaussian, reduce_backgrounds
+from .ut_projection import (
+    MODEL_FISHEYE,
+    MODEL_FTHETA,
+    MODEL_OPENCV,
+    MODEL_PINHOLE,
+    N_PARAMS,
+    P_C,
+    P_F,
+    P_K,
+    P_MAX_ANGLE,
+    P_P,
+    P_Q0,
+    P_Q1,
+    P_R0,
+    P_R1,
+    P_S,
+    P_T0,
+    P_T1,
+    projection_kernel,
+)
+from .ut_rasterize_bwd import (
+    N_GEOM,
+    V_COLOR,
+    backward_kernel,
+    gaussians_kernel,
+    reduce_pairs_kernel,
+)
+from .ut_rasterize_fwd import EXTRA_COLS, forward_kernel
+
+# ---------------------------------------------------------------------------------------------
+# the projection
+
+
+def camera_rows(viewmats: torch.Tensor, Ks: torch.Tensor, camera: UTCamera, width: int,
+                 height: int, margin: float) -> tuple[np.ndarray, int, np.ndarray, bool]:
+    """The cameras [B, C] as the kernel takes them: rows [B, C, N_PARAMS] float64 (columns
+    ``ut_projection.P_*``, from the reference's Lens and Shutter), the model's code, the
+    f-theta's numbers [17] and whether the shutter rolls."""
+    lead = viewmats.shape[:-2]
+
+    def f64(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.detach().double()
+
+    # in float64 whatever the data's type, as the kernel's math (the fisheye's max angle and
+    # the poses' quaternions would otherwise be rounded to float32 before the kernel sees them)
+    camera = dataclasses.replace(camera, radial=f64(camera.radial),
+                                 tangential=f64(camera.tangential),
+                                 thin_prism=f64(camera.thin_prism),
+                                 viewmats_rs=f64(camera.viewmats_rs))
+    lens = Lens(camera, f64(Ks), width, height, margin, 0)
+    shutter = Shutter(f64(viewmats), camera.viewmats_rs, camera.shutter, width, height, 0)
+    rows = torch.zeros(*lead, N_PARAMS, dtype=torch.float64)
+
+    def put(col: int, t: torch.Tensor) -> None:
+        t = t.double().expand(*lead, *t.shape[len(lead):]).reshape(*lead, -1)
+        rows[..., col:col + t.shape[-1]] = t
+
+    put(P_R0, shutter.R0)
+    put(P_T0, shutter.t0)
+    if shutter.rolling:
+        put(P_R1, shutter.R1)
+        put(P_T1, shutter.t1)
+        put(P_Q0, shutter.q0)
+        put(P_Q1, shutter.q1)
+    put(P_F, lens.focal)
+    put(P_C, lens.principal)
+    ft = np.zeros(17)
+    if lens.model == "fisheye":
+        model = MODEL_FISHEYE
+        put(P_K, lens.k)
+        put(P_MAX_ANGLE, lens.max_angle[..., None])
+    elif lens.model == "ftheta":
+        model = MODEL_FTHETA
+        p = lens.ftheta
+        ft[0:6], ft[6:12] = p.angle_to_pixeldist, p.pixeldist_to_angle
+        ft[12], ft[13:16] = p.max_angle, p.linear_cde
+        ft[16] = p.reference
+    elif lens.opencv:
+        model = MODEL_OPENCV
+        put(P_K, lens.k)
+        put(P_P, lens.p)
+        put(P_S, lens.s)
+    else:
+        model = MODEL_PINHOLE
+    return rows.numpy(), model, ft, shutter.rolling
+
+
+def project_with_ut(
+    means: torch.Tensor,  # [B, N, 3]
+    quats: torch.Tensor,  # [B, N, 4]
+    scales: torch.Tensor,  # [B, N, 3]
+    opacities: torch.Tensor | None,  # [B, N]
+    viewmats: torch.Tensor,  # [B, C, 4, 4]
+    Ks: torch.Tensor,  # [B, C, 3, 3]
+    width: int,
+    height: int,
+    eps2d: float,
+    near_plane: float,
+    far_plane: float,
+    radius_clip: float,
+    calc_compensations: bool,
+    camera: UTCamera,  # tensors [B, C, ...]
+    ut: UTParams,
+) -> tuple[torch.Tensor, ...]:
+    """radii [B, C, N, 2] int32, means2d [B, C, N, 2], depths [B, C, N], conics [B, C, N, 3],
+    compensations [B, C, N] or None (culled entries: zero radii, means2d, conics and
+    compensations, and their depth)."""
+    n_batch, n_gauss = means.shape[:2]
+    n_cams = viewmats.shape[1]
+    dt = means.dtype
+    rows, model, ft, rolling = camera_rows(viewmats, Ks, camera, width, height,
+                                            ut.in_image_margin_factor)
+    radii = alloc((n_batch, n_cams, n_gauss, 2), torch.int32)
+    means2d = alloc((n_batch, n_cams, n_gauss, 2), dt)
+    depths = alloc((n_batch, n_cams, n_gauss), dt)
+    conics = alloc((n_batch, n_cams, n_gauss, 3), dt)
+    comps = alloc((n_batch, n_cams, n_gauss), dt)
+    np_dt = view(means).dtype
+    opac = view(opacities) if opacities is not None else np.zeros((0, 0), np_dt)
+    parallel_for(
+        projection_kernel, n_batch * ((n_gauss + BLOCK - 1) // BLOCK), view(means),
+        view(quats), view(scales), opac, rows, model, ft,
+        camera.shutter if rolling else SHUTTER_GLOBAL, rolling, float(torch.finfo(dt).eps),
+        width, height, eps2d, near_plane, far_plane, radius_clip, ut.alpha, ut.beta, ut.kappa,
+        ut.in_image_margin_factor, ut.require_all_sigma_points_valid, view(radii),
+        view(means2d), view(depths), view(conics), view(comps))
+    return radii, means2d, depths, conics, comps if calc_compensations else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the eval3d rasterizer
+
+
+def _ray_table(viewmats: torch.Tensor, Ks: torch.Tensor, camera: UTCamera, width: int,
+               height: int) -> torch.Tensor:
+    """[I, H, W, EXTRA_COLS] in the data's type: each pixel's ray (origin, unit direction,
+    valid as 1 / 0) from the reference's ``image_rays``; column T_FINAL is the forward's."""
+    n_img = viewmats.shape[0]
+    origin, direction, valid = image_rays(viewmats.detach(), Ks.detach(), camera, width, height)
+    table = alloc((n_img * height * width, EXTRA_COLS), viewmats.dtype)
+    table[:, 0:3] = origin
+    table[:, 3:6] = direction
+    table[:, 6] = valid.to(table.dtype)
+    return table.reshape(n_img, height, width, EXTRA_COLS)
+
+
+def _optional(t: torch.Tensor | None, empty: tuple[int, ...], dtype) -> np.ndarray:
+    return view(t) if t is not None else np.zeros(empty, dtype)
+
+
+def forward(
+    means: torch.Tensor,  # [B, N, 3]
+    quats: torch.Tensor,  # [B, N, 4]
+    scales: torch.Tensor,  # [B, N, 3]
+    colors: torch.Tensor,  # [I * N, D]
+    opacities: torch.Tensor,  # [I * N]
+    backgrounds: torch.Tensor | None,  # [I, D]
+    masks: torch.Tensor | None,  # [I, TH, TW] bool
+    viewmats: torch.Tensor,  # [I, 4, 4]
+    Ks: torch.Tensor,  # [I, 3, 3]
+    width: int,
+    height: int,
+    tile_size: int,
+    isect_offsets: torch.Tensor,  # [I, TH, TW] int32
+    flatten_ids: torch.Tensor,  # [n] int32
+    camera: UTCamera,  # tensors [I, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """render_colors [I, H, W, D], render_alphas [I, H, W, 1], last_ids [I, H, W] int32 and
+    extra [I, H, W, EXTRA_COLS] (the rays and final transmittances, for the backward)."""
+    n_img, th, tw = isect_offsets.shape
+    n_batch, n_gauss = means.shape[:2]
+    n_ch = colors.shape[1]
+    dt = colors.dtype
+    np_dt = view(colors).dtype
+    shape = (n_img, height, width)
+    extra = _ray_table(viewmats, Ks, camera, width, height)
+    out_colors = alloc((*shape, n_ch), dt)
+    out_alphas = alloc((*shape, 1), dt)
+    out_last = alloc(shape, torch.int32)
+    parallel_for(
+        forward_kernel, n_img * th * tw, view(means.reshape(-1, 3)), view(quats.reshape(-1, 4)),
+        view(scales.reshape(-1, 3)), view(colors), view(opacities),
+        _optional(backgrounds, (0, n_ch), np_dt), _optional(masks, (0, 0, 0), np.bool_),
+        n_img // n_batch, n_gauss, width, height, tile_size, view(isect_offsets),
+        view(flatten_ids), max_tile_len(isect_offsets, flatten_ids.shape[0]), view(extra),
+        view(out_colors), view(out_alphas).reshape(shape), view(out_last))
+    return out_colors, out_alphas, out_last, extra
+
+
+def backward(means, quats, scales, colors, opacities, backgrounds, masks, viewmats, Ks, width,
+             height, tile_size, isect_offsets, flatten_ids, camera, render_colors,
+             render_alphas, last_ids, v_render_colors, v_render_alphas, extra):
+    """The forward's arguments, its outputs and extra, and the outputs' gradients
+    (v_render_colors [I, H, W, D], v_render_alphas [I, H, W, 1]). Returns v_means [B, N, 3],
+    v_quats [B, N, 4], v_scales [B, N, 3], v_colors [I * N, D], v_opacities [I * N],
+    v_backgrounds [I, D] or None."""
+    del viewmats, Ks, camera, render_colors, render_alphas
+    n_img, th, tw = isect_offsets.shape
+    n_batch, n_gauss = means.shape[:2]
+    n_cams = n_img // n_batch
+    n_pairs, n_ch = colors.shape
+    n = flatten_ids.shape[0]
+    dt = colors.dtype
+    np_dt = view(colors).dtype
+    shape = (n_img, height, width)
+    first, pos = group_by_gaussian(view(flatten_ids), n_pairs)
+    part = np.empty((n, V_COLOR + n_ch), np.float64)
+    bg_part = np.empty((n_img * th * tw, n_ch), np.float64)
+    flat_means, flat_quats, flat_scales = (view(t.reshape(-1, t.shape[-1]))
+                                           for t in (means, quats, scales))
+    parallel_for(
+        backward_kernel, n_img * th * tw, flat_means, flat_quats, flat_scales, view(colors),
+        view(opacities), _optional(backgrounds, (0, n_ch), np_dt),
+        _optional(masks, (0, 0, 0), np.bool_), n_cams, n_gauss, width, height, tile_size,
+        view(isect_offsets), view(flatten_ids), max_tile_len(isect_offsets, n), view(extra),
+        view(last_ids), view(v_render_colors), view(v_render_alphas).reshape(shape), pos, part,
+        bg_part)
+    geom = np.empty((n_pairs, N_GEOM), np.float64)
+    v_colors = alloc((n_pairs, n_ch), dt)
+    v_opacities = alloc((n_pairs,), dt)
+    parallel_for(reduce_pairs_kernel, (n_pairs + BLOCK - 1) // BLOCK, part, first, geom,
+                 view(v_colors), view(v_opacities))
+    # each Gaussian's pairs summed over the cameras, in camera order
+    geom = geom.reshape(n_batch, n_cams, n_gauss, N_GEOM)
+    summed = geom[:, 0].copy()
+    for c in range(1, n_cams):
+        summed += geom[:, c]
+    v_means = alloc((n_batch, n_gauss, 3), dt)
+    v_quats = alloc((n_batch, n_gauss, 4), dt)
+    v_scales = alloc((n_batch, n_gauss, 3), dt)
+    n_rows = n_batch * n_gauss
+    parallel_for(gaussians_kernel, (n_rows + BLOCK - 1) // BLOCK,
+                 summed.reshape(n_rows, N_GEOM), flat_quats, flat_scales,
+                 view(v_means.reshape(n_rows, 3)), view(v_quats.reshape(n_rows, 4)),
+                 view(v_scales.reshape(n_rows, 3)))
+    v_backgrounds = None
+    if backgrounds is not None:
+        v_backgrounds = alloc((n_img, n_ch), dt)
+        reduce_backgrounds(bg_part, n_img, view(v_backgrounds))
+    return v_means, v_quats, v_scales, v_colors, v_opacities, v_backgrounds
+
+
+__all__ = ["backward", "forward", "project_with_ut"]
