@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..backends import call_options
 from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
 from .validation import (
@@ -30,6 +31,7 @@ class _FullyFusedProjection(torch.autograd.Function):
         )
         ctx.impl = impl
         ctx.params = (width, height, eps2d, camera_model)
+        ctx.deterministic = call_options.deterministic()
         ctx.save_for_backward(means, covars, quats, scales, opacities, viewmats, Ks, radii,
                               conics, comps)
         ctx.mark_non_differentiable(radii)
@@ -45,13 +47,15 @@ class _FullyFusedProjection(torch.autograd.Function):
         def z(v, like):
             return torch.zeros_like(like) if v is None else v.contiguous()
 
-        v_means, v_covars, v_quats, v_scales, v_viewmats = ctx.impl.backward(
-            means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d,
-            camera_model, radii, conics, comps,
-            z(v_means2d, conics[..., :2]), z(v_depths, conics[..., 0]), z(v_conics, conics),
-            None if (v_comps is None or comps is None) else v_comps.contiguous(),
-            ctx.needs_input_grad[6],
-        )
+        with call_options.scope(ctx.deterministic):
+            v_means, v_covars, v_quats, v_scales, v_viewmats = ctx.impl.backward(
+                means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d,
+                camera_model, radii, conics, comps,
+                z(v_means2d, conics[..., :2]), z(v_depths, conics[..., 0]),
+                z(v_conics, conics),
+                None if (v_comps is None or comps is None) else v_comps.contiguous(),
+                ctx.needs_input_grad[6],
+            )
         return (None, v_means, v_covars, v_quats, v_scales, None,
                 v_viewmats if ctx.needs_input_grad[6] else None,
                 None, None, None, None, None, None, None, None, None)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..backends.registry import current_backward_scheme
+from ..backends import call_options
+from ..backends.registry import current_backward_scheme, resolve_name
 from ..constants import RASTERIZE_MODES, RENDER_MODES, TILE_SIZE
 from ..ops import fully_fused_projection, rasterize_to_pixels
 from ..ops.camera import RollingShutterType
@@ -23,6 +24,7 @@ from ..ops.validation import (
     Shapes,
     check_bool,
     check_choice,
+    check_deterministic,
     check_finite,
     check_int_at_least,
     check_positive_int,
@@ -78,6 +80,7 @@ def rasterization(
     viewmats_rs: Tensor | None = None,
     *,
     backward_scheme: str | None = None,
+    deterministic: bool | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor, dict]:
     """Rasterizes N 3D Gaussians into C images (gsplat 1.5.3 ``rasterization``).
@@ -104,6 +107,11 @@ def rasterization(
             unscented-transform projection through the exact camera, the rasterizer that
             evaluates Gaussians in 3D along the pixels' rays; both need ``packed=False``.
         backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
+        deterministic: this call's backward without float atomics, bitwise reproducible
+            (tilesplat extension; ``None``, the default, leaves it to the process-wide
+            ``tilesplat.backends.cuda.set_options(deterministic=)``; only the cuda backend
+            has atomics to avoid, the cpu one is always bit-exact; ``True`` with the torch
+            reference on a GPU is a ``ValueError``).
         backend: ``auto``, ``torch``, ``cpu`` or ``cuda`` (tilesplat extension).
         segmented: accepted for compatibility (no effect).
 
@@ -118,12 +126,15 @@ def rasterization(
     scheme = current_backward_scheme(backward_scheme)
     g = _checked_inputs(means, quats, scales, opacities, colors, viewmats, Ks, covars,
                         backgrounds, sh_degree)
+    deterministic = check_deterministic(
+        deterministic, means.device,
+        resolve_name("rasterize_to_pixels", means.device, backend) if deterministic else "")
     ut_render = ut.check_arguments(
         g.shapes, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
         tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
         covars, packed, sparse_grad, absgrad, distributed)
     B, N, C = g.B, g.N, g.C
-    with internal_call():
+    with internal_call(), call_options.scope(deterministic):
         if distributed:  # this rank's Gaussians into every rank's cameras
             mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
