@@ -10,6 +10,7 @@ from torch import Tensor
 from ..backends import call_options
 from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
+from .sparse_grad import SparseRows, check_sparse_grad, with_sparse_grad
 from .validation import (
     Shapes,
     check_bool,
@@ -87,6 +88,9 @@ def fully_fused_projection(
     Args follow gsplat 1.5.3: ``covars`` (upper triangle xx, xy, xz, yy, yz, zz) or
     ``quats`` + ``scales``; ``camera_model`` is one of ``backends.cameras.CAMERA_MODELS``
     (``pinhole``, ``ortho``, ``fisheye``);
+    ``sparse_grad`` (needs ``packed=True``, no batch dims): the gradients of ``means``,
+    ``covars``, ``quats`` and ``scales`` are sparse COO tensors over the visible Gaussians
+    (``ops/sparse_grad.py``);
     ``opacities`` (optional) tightens radii and culls Gaussians below 1/255.
     ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda``.
 
@@ -124,8 +128,6 @@ def fully_fused_projection(
     check_bool("packed", packed)
     check_bool("calc_compensations", calc_compensations)
     check_choice("camera_model", camera_model, CAMERA_MODELS)
-    if sparse_grad:
-        raise NotImplementedError("sparse_grad=True is not supported by tilesplat (dense grads)")
     named = {"means": means, "covars": covars, "quats": quats, "scales": scales,
              "viewmats": viewmats, "Ks": Ks, "opacities": opacities}
     _, device = common_float(named)
@@ -133,6 +135,10 @@ def fully_fused_projection(
 
     batch = s["..."]
     B, N, C = math.prod(batch), s["N"], s["C"]
+    rows = None
+    if check_sparse_grad(sparse_grad, packed, batch, "fully_fused_projection"):
+        rows = SparseRows()
+        means, covars, quats, scales = with_sparse_grad(rows, means, covars, quats, scales)
 
     def flat(t, *tail):
         return None if t is None else t.reshape(B, *tail).contiguous()
@@ -147,6 +153,8 @@ def fully_fused_projection(
     if packed:
         sel = (radii > 0).all(dim=-1)  # [B, C, N]
         b, c, n = sel.nonzero(as_tuple=True)
+        if rows is not None:
+            rows.set(sel.any(dim=1)[0])
         return (b, c, n, radii[b, c, n], means2d[b, c, n], depths[b, c, n], conics[b, c, n],
                 None if comps is None else comps[b, c, n])
     return (

@@ -20,6 +20,7 @@ from ..backends.registry import current_backward_scheme, resolve_name
 from ..constants import RASTERIZE_MODES, RENDER_MODES, TILE_SIZE
 from ..ops import fully_fused_projection, rasterize_to_pixels
 from ..ops.camera import RollingShutterType
+from ..ops.sparse_grad import upper_triangle
 from ..ops.validation import (
     Shapes,
     check_bool,
@@ -96,6 +97,10 @@ def rasterization(
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels.
         packed: compact the visible (camera, Gaussian) pairs (same images as unpacked).
+        sparse_grad: with ``packed=True`` and no batch dims, the gradients of means, quats
+            and scales (or covars) from the projection are sparse COO tensors over the visible
+            Gaussians, for ``torch.optim.SparseAdam`` (a dense gradient from another path,
+            the SH colours' view directions, makes the sum dense, as in gsplat).
         backgrounds: background colours. [..., C, D]
         render_mode: ``RGB``, ``D``, ``ED``, ``RGB+D`` or ``RGB+ED``.
         absgrad: put sum over pixels of |d loss / d means2d| on ``meta["means2d"].absgrad``.
@@ -140,7 +145,7 @@ def rasterization(
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
         proj = _project(g, ut_render, means, opacities, viewmats, Ks, width, height, eps2d,
                         near_plane, far_plane, radius_clip, rasterize_mode == "antialiased",
-                        camera_model, packed, backend)
+                        camera_model, packed, sparse_grad, backend)
         pairs = _Pairs.of(proj, packed, opacities, g.batch_dims, B, C, N)
         meta = pairs.meta()
         colors = colors_per_pair(colors, g.sh_degree, g.per_view, means, viewmats, pairs.radii,
@@ -223,7 +228,7 @@ def _tiles(pairs: _Pairs, ut_render: ut.UTRender | None, g: _Inputs, width: int,
 def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities: Tensor,
              viewmats: Tensor, Ks: Tensor, width: int, height: int, eps2d: float,
              near_plane: float, far_plane: float, radius_clip: float, antialiased: bool,
-             camera_model: str, packed: bool, backend: str | None) -> tuple:
+             camera_model: str, packed: bool, sparse_grad: bool, backend: str | None) -> tuple:
     """The projection of the render: 3DGUT's unscented transform with ``with_ut``, else
     ``fully_fused_projection`` (its outputs either way)."""
     if ut_render is not None and ut_render.with_ut:
@@ -233,8 +238,8 @@ def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities
     return fully_fused_projection(
         means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-        calc_compensations=antialiased, camera_model=camera_model, opacities=opacities,
-        backend=backend,
+        sparse_grad=sparse_grad, calc_compensations=antialiased, camera_model=camera_model,
+        opacities=opacities, backend=backend,
     )
 
 
@@ -266,7 +271,7 @@ def _checked_inputs(
     if covars is not None:
         check_tensor("covars", covars)
         s.check("covars", covars, "..., N, 3, 3")
-        tri = covars[..., [0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2]]
+        tri = upper_triangle(covars)
         quats = scales = None
     elif quats is None or scales is None:
         raise ValueError("expected quats and scales, or covars; got neither")
