@@ -2,11 +2,12 @@
 (docs/formats.md's PngCompression table).
 
 The model is scripts/format_sizes.py's (the garden point cloud as Gaussians, SH degree 3),
-or ``--model FILE_OR_RUN``. For each ``use_sort`` the directory is written once (its time
-printed), every file's size is printed, and it is read back to print the largest error of
-each attribute against the input (the rows matched through a lossless index column).
+or ``--model FILE_OR_RUN``; ``--sweeps`` sets the sort's swap sweeps per radius. For each
+``use_sort`` the directory is written once (its time printed), every file's size is printed,
+and it is read back to print the largest error of each attribute against the input (the
+rows matched through a lossless index column).
 
-    PYTHONPATH=src python scripts/png_sizes.py
+    cd scripts && PYTHONPATH=../src python png_sizes.py
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from pathlib import Path
 import torch
 from format_sizes import garden_model
 
-from tilesplat.compression import PngCompression
+from tilesplat.compression import PngCompression, grid_sort
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a splat file or run instead of the garden model")
+    parser.add_argument("--sweeps", type=int, help="grid_sort's swap sweeps per radius "
+                        f"(default {grid_sort.SWEEPS}; 0: the Morton start only)")
     args = parser.parse_args()
+    if args.sweeps is not None:
+        grid_sort.SWEEPS = args.sweeps
     if args.model:
         from tilesplat.cli._model import open_model
 

@@ -188,3 +188,16 @@ def test_the_sort_makes_smaller_pngs(tmp_path):
             PngCompression(use_sort=use_sort, verbose=False).compress(str(out), splats)
         sizes[use_sort] = sum(p.stat().st_size for p in out.glob("*.png"))
     assert sizes[True] < 0.9 * sizes[False], sizes
+
+
+def test_coherence_weights_ignore_what_no_order_smooths():
+    """The swaps weigh a column by how smooth the start made it: ~1 for a smooth field, ~0
+    for noise (random rotations in a model), which would only pull the swaps around."""
+    from tilesplat.compression.grid_sort import _coherence
+
+    side = 32
+    u, _ = torch.meshgrid(torch.linspace(0, 1, side), torch.linspace(0, 1, side),
+                          indexing="ij")
+    noise = torch.rand((side, side), generator=torch.Generator().manual_seed(5))
+    w = _coherence(torch.stack([u, noise], -1))
+    assert w[0] > 0.8 and w[1] < 0.1, w

@@ -19,7 +19,13 @@ simpler method of the same idea, written here, vectorised torch on any device:
    shrinks geometrically to 1.
 
 The features are the caller's columns scaled to [0, 1] each (what the 8- and 16-bit images
-quantise). The result is deterministic, bounded in work (``SWEEPS`` sweeps per radius, about
+quantise), then weighted by how coherent the start made them (:func:`_coherence`): a column
+no order can smooth (random rotations, say) would otherwise pull the swaps away from the
+columns that can be smoothed. Measured on the garden model (docs/formats.md): the swaps
+shrink the colour and scale images but loosen the blocks of equal high bytes the Morton
+start gives the centres, so the whole directory ends about where the start alone is.
+
+The result is deterministic, bounded in work (``SWEEPS`` sweeps per radius, about
 ``2 log2(side)`` radii, each sweep ``O(side² · D · log2 r)``), and a permutation whatever
 happens: only swaps of whole cells.
 """
@@ -77,6 +83,21 @@ def _box_blur(grid: Tensor, r: int) -> Tensor:
     return out
 
 
+def _coherence(grid: Tensor) -> Tensor:
+    """Weights [D] in [0, 1] of the columns of ``grid`` [S, S, D]: 1 - (mean difference of
+    grid neighbours) / (mean difference of cells half the grid apart, ~unrelated ones). A
+    column that the start order made smooth weighs ~1; one no order can make smooth (random
+    rotations, say) weighs ~0, so that it does not pull the swaps away from the others."""
+    near = (grid[1:] - grid[:-1]).abs().mean(dim=(0, 1)) + (
+        grid[:, 1:] - grid[:, :-1]).abs().mean(dim=(0, 1))
+    half = grid.shape[0] // 2
+    if half == 0:
+        return torch.ones(grid.shape[-1], dtype=grid.dtype, device=grid.device)
+    far = (grid[half:] - grid[:-half]).abs().mean(dim=(0, 1)) + (
+        grid[:, half:] - grid[:, :-half]).abs().mean(dim=(0, 1))
+    return (1 - near / far.clamp(min=1e-12)).clamp(0, 1)
+
+
 def _swap_pass(grid: Tensor, ids: Tensor, target: Tensor, d: int, offset: int) -> int:
     """Pairs (cell j, cell j + d) along the columns of ``grid`` [S, S, D] (a view: the rows
     are the caller's other axis), disjoint; swaps the pairs (and their ``ids`` [S, S]) that
@@ -102,14 +123,14 @@ def _swap_pass(grid: Tensor, ids: Tensor, target: Tensor, d: int, offset: int) -
 
 
 def grid_sort(features: Tensor, positions: Tensor | None = None,
-              sweeps: int = SWEEPS) -> Tensor:
+              sweeps: int | None = None) -> Tensor:
     """The order [S²] int64 that lays the splats out on an S × S grid, row by row.
 
     Args:
         features: what neighbouring cells should share, [S², D] (any float; each column is
             scaled to [0, 1] here).
         positions: what the start order follows, [S², 3] (default: the first three features).
-        sweeps: swap sweeps per radius (0: the Morton start only).
+        sweeps: swap sweeps per radius (0: the Morton start only; default ``SWEEPS``).
 
     Returns:
         order with ``features[order].reshape(S, S, D)`` the sorted grid.
@@ -130,6 +151,8 @@ def grid_sort(features: Tensor, positions: Tensor | None = None,
     ids[cells] = start  # the i-th splat along the 3D curve in the i-th cell along the 2D one
     ids = ids.reshape(side, side)
     grid = x[ids]  # [S, S, D]
+    grid = grid * _coherence(grid)
+    sweeps = SWEEPS if sweeps is None else sweeps
     radius = max(1, int(side * FIRST_RADIUS_FRACTION))
     sweep = 0
     while sweeps > 0:

@@ -14,7 +14,9 @@ The directory layout is gsplat's, so either library reads the other's files:
 
 The images are S × S with S = floor(sqrt(N)): a count that is not a square loses its lowest
 opacities first (gsplat's rule, with a warning). ``use_sort`` lays the splats out with
-:func:`.grid_sort.grid_sort` (gsplat uses PLAS, a CUDA package not on PyPI); the k-means is
+:func:`.grid_sort.grid_sort` on the attributes that become images (gsplat uses PLAS, a CUDA
+package not on PyPI, on every key but ``shN``: an extra key is an npz, which no order
+shrinks, and an index column would only pull the layout around); the k-means is
 tilesplat's CPU one (``io/kmeans.py``, Euclidean; gsplat's torchpq is CUDA only and
 Manhattan) — neither changes the format. PNGs are written and read with Pillow.
 """
@@ -71,7 +73,7 @@ class PngCompression:
         if self.use_sort:
             if self.verbose:
                 print(f"PngCompression: sorting {side * side} splats onto a {side}x{side} grid")
-            keys = [k for k in splats if k != "shN"]
+            keys = [k for k in _ENCODERS if _ENCODERS[k] is not _write_kmeans]  # the PNGs
             order = grid_sort(torch.cat([splats[k].reshape(side * side, -1) for k in keys], 1),
                               splats["means"])
             splats = {k: v[order] for k, v in splats.items()}
