@@ -50,3 +50,15 @@ def test_gsplat_signature_is_kept():
     params = inspect.signature(tilesplat.rasterization).parameters
     assert params["deterministic"].kind is inspect.Parameter.KEYWORD_ONLY
     assert params["deterministic"].default is None
+
+
+def test_true_with_the_torch_reference_on_a_gpu_is_refused():
+    """The reference adds gradients with PyTorch's atomic index ops on a GPU (the trainer's
+    key refuses the same); on the CPU, or with the cuda backend, True is fine."""
+    from tilesplat.ops.validation import check_deterministic
+
+    with pytest.raises(ValueError, match=r"deterministic=True with the torch backend on cuda"):
+        check_deterministic(True, torch.device("cuda"), "torch")
+    assert check_deterministic(True, torch.device("cuda"), "cuda") is True
+    assert check_deterministic(True, torch.device("cpu"), "torch") is True
+    assert check_deterministic(None, torch.device("cuda"), "torch") is None
