@@ -343,6 +343,43 @@ else:
             for name, a, b in zip(names, first, other, strict=True):
                 assert torch.equal(a, b), name
 
+    @pytest.mark.parametrize("model", ["3dgs", "2dgs"])
+    def test_the_deterministic_keyword_is_the_option_for_one_call(model, monkeypatch):
+        """``rasterization(..., deterministic=True)`` (and ``rasterization_2dgs``) with the
+        process-wide option off: the backward, run after the call returned, adds no float
+        twice to one element; two runs are bitwise equal and equal to what
+        ``set_options(deterministic=True)`` gives. ``deterministic=False`` under
+        ``set_options(deterministic=True)`` has atomics again, for that call only."""
+        C, N, width, height = 2, 9, 16, 8
+        means, quats, scales, opacities, _ = random_gaussians(N, seed=5, spread=0.8, scale=0.3)
+        viewmats, Ks = cameras(C, width, height)
+        coeffs = torch.randn((N, 4, 3), generator=torch.Generator().manual_seed(6)) * 0.5
+        render = tilesplat.rasterization if model == "3dgs" else tilesplat.rasterization_2dgs
+
+        def run(**kw):
+            leaves = [t.clone().requires_grad_(True)
+                      for t in (means, quats, scales, opacities, coeffs, viewmats)]
+            out = render(*leaves[:5], leaves[5], Ks, width, height, sh_degree=1,
+                         tile_size=TILE, backend="cuda", **kw)
+            g = torch.Generator().manual_seed(2)
+            loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in out[:2])
+            return torch.autograd.grad(loss, leaves)
+
+        counts = _float_adds(monkeypatch)
+        first = run(deterministic=True)
+        assert max(counts.values(), default=0) <= 1, counts.most_common(3)
+        assert tilesplat.backends.cuda.get_options()["deterministic"] is False  # call only
+        second = run(deterministic=True)
+        set_options(deterministic=True)
+        by_option = run()
+        counts.clear()
+        run(deterministic=False)  # the call's False wins over the process option
+        assert max(counts.values()) > 1
+        names = ["means", "quats", "scales", "opacities", "coeffs", "viewmats"]
+        for other in (second, by_option):
+            for name, a, b in zip(names, first, other, strict=True):
+                assert torch.equal(a, b), name
+
     def test_the_fixed_order_sum_of_the_segments():
         """segment.reduce_parts: rows of each intersection's warps summed, then each
         Gaussian's intersections in their order; float64 reference, Gaussians with no

@@ -157,7 +157,7 @@ def test_missing_features_raise_when_called(name):
 
 
 def test_stubbed_submodules_raise_naming_what_is_missing(tmp_path):
-    with pytest.raises(NotImplementedError, match="plas"):
+    with pytest.raises(ValueError, match="splats is missing"):  # the codec: test_png_compression
         tilesplat.PngCompression().compress(str(tmp_path), {})
     with pytest.raises(ValueError, match="ftheta.*fully_fused_projection_with_ut"):
         tilesplat.proj(None, None, None, 4, 4, camera_model="ftheta")

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import call_options
+
 
 def differentiable_2dgs(
     project_forward: Callable[..., tuple],
@@ -42,6 +44,7 @@ def differentiable_2dgs(
             outs = project_forward(means, quats, scales, viewmats, Ks, width, height, near,
                                    far, clip)
             ctx.save_for_backward(means, quats, scales, viewmats, Ks, outs[0])
+            ctx.deterministic = call_options.deterministic()
             ctx.mark_non_differentiable(outs[0])
             return outs
 
@@ -49,7 +52,8 @@ def differentiable_2dgs(
         @once_differentiable
         def backward(ctx, v_radii, *v_outs):
             *inputs, radii = ctx.saved_tensors
-            grads = project_backward(tuple(inputs), radii, v_outs)
+            with call_options.scope(ctx.deterministic):
+                grads = project_backward(tuple(inputs), radii, v_outs)
             need = ctx.needs_input_grad
             return (*(g if need[i] else None for i, g in enumerate(grads)), None, None, None,
                     None, None)
@@ -65,6 +69,7 @@ def differentiable_2dgs(
                                   backgrounds, masks, isect_offsets, flatten_ids, *extra)
             ctx.geometry = (width, height, tile_size)
             ctx.absgrad_into = absgrad_into
+            ctx.deterministic = call_options.deterministic()
             return outs
 
         @staticmethod
@@ -73,8 +78,9 @@ def differentiable_2dgs(
             saved = ctx.saved_tensors
             inputs, (isect_offsets, flatten_ids), extra = saved[:8], saved[8:10], saved[10:]
             absgrad_into = ctx.absgrad_into
-            grads = raster_backward(inputs, *ctx.geometry, isect_offsets, flatten_ids, extra,
-                                    v_outs, absgrad_into is not None)
+            with call_options.scope(ctx.deterministic):
+                grads = raster_backward(inputs, *ctx.geometry, isect_offsets, flatten_ids,
+                                        extra, v_outs, absgrad_into is not None)
             if absgrad_into is not None:
                 absgrad_into += grads[7]
             need = ctx.needs_input_grad

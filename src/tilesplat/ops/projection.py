@@ -7,8 +7,10 @@ import math
 import torch
 from torch import Tensor
 
+from ..backends import call_options
 from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
+from .sparse_grad import SparseRows, check_sparse_grad, with_sparse_grad
 from .validation import (
     Shapes,
     check_bool,
@@ -30,6 +32,7 @@ class _FullyFusedProjection(torch.autograd.Function):
         )
         ctx.impl = impl
         ctx.params = (width, height, eps2d, camera_model)
+        ctx.deterministic = call_options.deterministic()
         ctx.save_for_backward(means, covars, quats, scales, opacities, viewmats, Ks, radii,
                               conics, comps)
         ctx.mark_non_differentiable(radii)
@@ -45,13 +48,15 @@ class _FullyFusedProjection(torch.autograd.Function):
         def z(v, like):
             return torch.zeros_like(like) if v is None else v.contiguous()
 
-        v_means, v_covars, v_quats, v_scales, v_viewmats = ctx.impl.backward(
-            means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d,
-            camera_model, radii, conics, comps,
-            z(v_means2d, conics[..., :2]), z(v_depths, conics[..., 0]), z(v_conics, conics),
-            None if (v_comps is None or comps is None) else v_comps.contiguous(),
-            ctx.needs_input_grad[6],
-        )
+        with call_options.scope(ctx.deterministic):
+            v_means, v_covars, v_quats, v_scales, v_viewmats = ctx.impl.backward(
+                means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d,
+                camera_model, radii, conics, comps,
+                z(v_means2d, conics[..., :2]), z(v_depths, conics[..., 0]),
+                z(v_conics, conics),
+                None if (v_comps is None or comps is None) else v_comps.contiguous(),
+                ctx.needs_input_grad[6],
+            )
         return (None, v_means, v_covars, v_quats, v_scales, None,
                 v_viewmats if ctx.needs_input_grad[6] else None,
                 None, None, None, None, None, None, None, None, None)
@@ -83,6 +88,9 @@ def fully_fused_projection(
     Args follow gsplat 1.5.3: ``covars`` (upper triangle xx, xy, xz, yy, yz, zz) or
     ``quats`` + ``scales``; ``camera_model`` is one of ``backends.cameras.CAMERA_MODELS``
     (``pinhole``, ``ortho``, ``fisheye``);
+    ``sparse_grad`` (needs ``packed=True``, no batch dims): the gradients of ``means``,
+    ``covars``, ``quats`` and ``scales`` are sparse COO tensors over the visible Gaussians
+    (``ops/sparse_grad.py``);
     ``opacities`` (optional) tightens radii and culls Gaussians below 1/255.
     ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda``.
 
@@ -120,8 +128,6 @@ def fully_fused_projection(
     check_bool("packed", packed)
     check_bool("calc_compensations", calc_compensations)
     check_choice("camera_model", camera_model, CAMERA_MODELS)
-    if sparse_grad:
-        raise NotImplementedError("sparse_grad=True is not supported by tilesplat (dense grads)")
     named = {"means": means, "covars": covars, "quats": quats, "scales": scales,
              "viewmats": viewmats, "Ks": Ks, "opacities": opacities}
     _, device = common_float(named)
@@ -129,6 +135,10 @@ def fully_fused_projection(
 
     batch = s["..."]
     B, N, C = math.prod(batch), s["N"], s["C"]
+    rows = None
+    if check_sparse_grad(sparse_grad, packed, batch, "fully_fused_projection"):
+        rows = SparseRows()
+        means, covars, quats, scales = with_sparse_grad(rows, means, covars, quats, scales)
 
     def flat(t, *tail):
         return None if t is None else t.reshape(B, *tail).contiguous()
@@ -143,6 +153,8 @@ def fully_fused_projection(
     if packed:
         sel = (radii > 0).all(dim=-1)  # [B, C, N]
         b, c, n = sel.nonzero(as_tuple=True)
+        if rows is not None:
+            rows.set(sel.any(dim=1)[0])
         return (b, c, n, radii[b, c, n], means2d[b, c, n], depths[b, c, n], conics[b, c, n],
                 None if comps is None else comps[b, c, n])
     return (

@@ -8,6 +8,7 @@ import weakref
 import torch
 from torch import Tensor
 
+from ..backends import call_options
 from ..backends.registry import current_backward_scheme, resolve
 from .validation import (
     Shapes,
@@ -34,6 +35,7 @@ class _RasterizeToPixels(torch.autograd.Function):
         )
         ctx.impl = impl
         ctx.params = (width, height, tile_size, absgrad, scheme)
+        ctx.deterministic = call_options.deterministic()
         ctx.absgrad_target = absgrad_target
         ctx.save_for_backward(means2d, conics, colors, opacities, backgrounds, masks,
                               isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
@@ -50,14 +52,15 @@ class _RasterizeToPixels(torch.autograd.Function):
             v_render_colors = torch.zeros_like(render_colors)
         if v_render_alphas is None:
             v_render_alphas = torch.zeros_like(render_alphas)
-        v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, abs_means2d = (
-            ctx.impl.backward(
-                means2d, conics, colors, opacities, backgrounds, masks, width, height,
-                tile_size, isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
-                v_render_colors.contiguous(), v_render_alphas.contiguous(), absgrad, scheme,
-                extra,
+        with call_options.scope(ctx.deterministic):
+            v_means2d, v_conics, v_colors, v_opacities, v_backgrounds, abs_means2d = (
+                ctx.impl.backward(
+                    means2d, conics, colors, opacities, backgrounds, masks, width, height,
+                    tile_size, isect_offsets, flatten_ids, render_colors, render_alphas,
+                    last_ids, v_render_colors.contiguous(), v_render_alphas.contiguous(),
+                    absgrad, scheme, extra,
+                )
             )
-        )
         if absgrad:
             target = ctx.absgrad_target()
             if target is not None:

@@ -9,6 +9,7 @@ import math
 from torch import Tensor
 
 from ..backends.registry import resolve
+from .sparse_grad import SparseRows, check_sparse_grad, with_sparse_grad
 from .validation import (
     Shapes,
     check_bool,
@@ -45,6 +46,8 @@ def fully_fused_projection_2dgs(
         Ks: intrinsics. [..., C, 3, 3]
         eps2d: accepted for gsplat's signature; 2DGS has no 2D blur.
         packed: return only the visible (batch, camera, Gaussian) entries.
+        sparse_grad: with ``packed`` and no batch dims, the gradients of means, quats and
+            scales are sparse COO tensors over the visible Gaussians (``ops/sparse_grad.py``).
         backend: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (each has kernels for it).
 
     Returns:
@@ -65,19 +68,24 @@ def fully_fused_projection_2dgs(
     width, height, _, near_plane, far_plane, radius_clip = check_projection_options(
         width, height, eps2d, near_plane, far_plane, radius_clip)
     check_bool("packed", packed)
-    if sparse_grad:
-        raise NotImplementedError("sparse_grad=True is not supported by tilesplat (dense grads)")
     _, device = common_float(named)
     check_finite(named)
     batch, N, C = s["..."], s["N"], s["C"]
     B = math.prod(batch)
+    rows = None
+    if check_sparse_grad(sparse_grad, packed, batch, "fully_fused_projection_2dgs"):
+        rows = SparseRows()
+        means, quats, scales = with_sparse_grad(rows, means, quats, scales)
     _, impl = resolve("fully_fused_projection_2dgs", device, backend)
     radii, means2d, depths, M, normals = impl(
         means.reshape(B, N, 3), quats.reshape(B, N, 4), scales.reshape(B, N, 3),
         viewmats.reshape(B, C, 4, 4), Ks.reshape(B, C, 3, 3), width, height, near_plane,
         far_plane, radius_clip)
     if packed:
-        b, c, n = (radii > 0).all(dim=-1).nonzero(as_tuple=True)
+        sel = (radii > 0).all(dim=-1)  # [B, C, N]
+        b, c, n = sel.nonzero(as_tuple=True)
+        if rows is not None:
+            rows.set(sel.any(dim=1)[0])
         return (b, c, n, radii[b, c, n], means2d[b, c, n], depths[b, c, n], M[b, c, n],
                 normals[b, c, n])
     return (radii.reshape(*batch, C, N, 2), means2d.reshape(*batch, C, N, 2),

@@ -281,6 +281,20 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
+def check_deterministic(
+    value: object, device: torch.device, backend_name: str, what: str = "deterministic"
+) -> bool | None:
+    """A call's ``deterministic=`` (``None``: the process-wide option decides): a bool, and
+    not ``True`` where the torch reference runs on a GPU (PyTorch's atomic index ops)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{what} must be True, False or None, got {value!r}")
+    if value and backend_name == "torch" and device.type == "cuda":
+        raise ValueError(f"{what}=True with the torch backend on {device}: the reference adds "
+                         "gradients with PyTorch's atomic index ops on a GPU; use "
+                         "backend='cuda'")
+    return value
+
+
 def check_tile_lists(
     isect_offsets: Tensor,  # [..., TH, TW]
     flatten_ids: Tensor,  # [n]

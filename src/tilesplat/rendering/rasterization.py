@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..backends.registry import current_backward_scheme
+from ..backends import call_options
+from ..backends.registry import current_backward_scheme, resolve_name
 from ..constants import RASTERIZE_MODES, RENDER_MODES, TILE_SIZE
 from ..ops import fully_fused_projection, rasterize_to_pixels
 from ..ops.camera import RollingShutterType
+from ..ops.sparse_grad import upper_triangle
 from ..ops.validation import (
     Shapes,
     check_bool,
     check_choice,
+    check_deterministic,
     check_finite,
     check_int_at_least,
     check_positive_int,
@@ -78,6 +81,7 @@ def rasterization(
     viewmats_rs: Tensor | None = None,
     *,
     backward_scheme: str | None = None,
+    deterministic: bool | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor, dict]:
     """Rasterizes N 3D Gaussians into C images (gsplat 1.5.3 ``rasterization``).
@@ -93,6 +97,10 @@ def rasterization(
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels.
         packed: compact the visible (camera, Gaussian) pairs (same images as unpacked).
+        sparse_grad: with ``packed=True`` and no batch dims, the gradients of means, quats
+            and scales (or covars) from the projection are sparse COO tensors over the visible
+            Gaussians, for ``torch.optim.SparseAdam`` (a dense gradient from another path,
+            the SH colours' view directions, makes the sum dense, as in gsplat).
         backgrounds: background colours. [..., C, D]
         render_mode: ``RGB``, ``D``, ``ED``, ``RGB+D`` or ``RGB+ED``.
         absgrad: put sum over pixels of |d loss / d means2d| on ``meta["means2d"].absgrad``.
@@ -104,6 +112,11 @@ def rasterization(
             unscented-transform projection through the exact camera, the rasterizer that
             evaluates Gaussians in 3D along the pixels' rays; both need ``packed=False``.
         backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
+        deterministic: this call's backward without float atomics, bitwise reproducible
+            (tilesplat extension; ``None``, the default, leaves it to the process-wide
+            ``tilesplat.backends.cuda.set_options(deterministic=)``; only the cuda backend
+            has atomics to avoid, the cpu one is always bit-exact; ``True`` with the torch
+            reference on a GPU is a ``ValueError``).
         backend: ``auto``, ``torch``, ``cpu`` or ``cuda`` (tilesplat extension).
         segmented: accepted for compatibility (no effect).
 
@@ -118,18 +131,21 @@ def rasterization(
     scheme = current_backward_scheme(backward_scheme)
     g = _checked_inputs(means, quats, scales, opacities, colors, viewmats, Ks, covars,
                         backgrounds, sh_degree)
+    deterministic = check_deterministic(
+        deterministic, means.device,
+        resolve_name("rasterize_to_pixels", means.device, backend) if deterministic else "")
     ut_render = ut.check_arguments(
         g.shapes, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
         tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
         covars, packed, sparse_grad, absgrad, distributed)
     B, N, C = g.B, g.N, g.C
-    with internal_call():
+    with internal_call(), call_options.scope(deterministic):
         if distributed:  # this rank's Gaussians into every rank's cameras
             mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
         proj = _project(g, ut_render, means, opacities, viewmats, Ks, width, height, eps2d,
                         near_plane, far_plane, radius_clip, rasterize_mode == "antialiased",
-                        camera_model, packed, backend)
+                        camera_model, packed, sparse_grad, backend)
         pairs = _Pairs.of(proj, packed, opacities, g.batch_dims, B, C, N)
         meta = pairs.meta()
         colors = colors_per_pair(colors, g.sh_degree, g.per_view, means, viewmats, pairs.radii,
@@ -212,7 +228,7 @@ def _tiles(pairs: _Pairs, ut_render: ut.UTRender | None, g: _Inputs, width: int,
 def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities: Tensor,
              viewmats: Tensor, Ks: Tensor, width: int, height: int, eps2d: float,
              near_plane: float, far_plane: float, radius_clip: float, antialiased: bool,
-             camera_model: str, packed: bool, backend: str | None) -> tuple:
+             camera_model: str, packed: bool, sparse_grad: bool, backend: str | None) -> tuple:
     """The projection of the render: 3DGUT's unscented transform with ``with_ut``, else
     ``fully_fused_projection`` (its outputs either way)."""
     if ut_render is not None and ut_render.with_ut:
@@ -222,8 +238,8 @@ def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities
     return fully_fused_projection(
         means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,
-        calc_compensations=antialiased, camera_model=camera_model, opacities=opacities,
-        backend=backend,
+        sparse_grad=sparse_grad, calc_compensations=antialiased, camera_model=camera_model,
+        opacities=opacities, backend=backend,
     )
 
 
@@ -255,7 +271,7 @@ def _checked_inputs(
     if covars is not None:
         check_tensor("covars", covars)
         s.check("covars", covars, "..., N, 3, 3")
-        tri = covars[..., [0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2]]
+        tri = upper_triangle(covars)
         quats = scales = None
     elif quats is None or scales is None:
         raise ValueError("expected quats and scales, or covars; got neither")

@@ -9,11 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..backends import call_options
+from ..backends.registry import resolve_name
 from ..constants import RENDER_MODES, TILE_SIZE
 from ..ops.twodgs import fully_fused_projection_2dgs, rasterize_to_pixels_2dgs
 from ..ops.validation import (
     Shapes,
     check_choice,
+    check_deterministic,
     check_int_at_least,
     check_positive_int,
     check_tensor,
@@ -74,6 +77,7 @@ def rasterization_2dgs(
     distloss: bool = False,
     depth_mode: str = "expected",
     *,
+    deterministic: bool | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor, dict]:
     """Rasterizes N surfels (2D Gaussians, Huang et al. 2024) into C images (gsplat 1.5.3).
@@ -81,6 +85,7 @@ def rasterization_2dgs(
     Args as :func:`tilesplat.rasterization`, plus ``distloss`` (needs a depth render mode)
     and ``depth_mode`` (``expected`` or ``median``: the depth the depth normals come from).
     ``backend``: ``auto`` | ``torch`` | ``cpu`` | ``cuda`` (each has the 2DGS kernels).
+    ``deterministic``: as :func:`tilesplat.rasterization` (tilesplat extension).
 
     Returns:
         render_colors [..., C, H, W, X], render_alphas [..., C, H, W, 1], render_normals
@@ -114,31 +119,35 @@ def rasterization_2dgs(
             raise ValueError(f"sh_degree {sh_degree} needs {(sh_degree + 1) ** 2} "
                              f"coefficients, colors has {s['K']}")
 
-    proj = fully_fused_projection_2dgs(
-        means, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
-        radius_clip, packed, sparse_grad, backend=backend)
-    if packed:
-        batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, rays, normals = proj
-        opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
-        image_ids = batch_ids * C + camera_ids
-    else:
-        radii, means2d, depths, rays, normals = proj
-        opac = torch.broadcast_to(opacities[..., None, :], (*batch, C, N))
-        batch_ids = camera_ids = gaussian_ids = image_ids = None
-    densify = torch.zeros_like(means2d, requires_grad=True)
+    deterministic = check_deterministic(
+        deterministic, means.device,
+        resolve_name("rasterize_to_pixels_2dgs", means.device, backend) if deterministic else "")
+    with call_options.scope(deterministic):  # the ops' backward keep it (call_options)
+        proj = fully_fused_projection_2dgs(
+            means, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+            radius_clip, packed, sparse_grad, backend=backend)
+        if packed:
+            batch_ids, camera_ids, gaussian_ids, radii, means2d, depths, rays, normals = proj
+            opac = gather_rows(opacities.reshape(B * N), batch_ids * N + gaussian_ids)
+            image_ids = batch_ids * C + camera_ids
+        else:
+            radii, means2d, depths, rays, normals = proj
+            opac = torch.broadcast_to(opacities[..., None, :], (*batch, C, N))
+            batch_ids = camera_ids = gaussian_ids = image_ids = None
+        densify = torch.zeros_like(means2d, requires_grad=True)
 
-    colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
-                             PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
-                             backend)
-    colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
-    tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch, B, C, packed,
-                       image_ids, gaussian_ids, backend)
-    isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
-    render_colors, render_alphas, render_normals, render_distort, render_median = (
-        rasterize_to_pixels_2dgs(
-            means2d, rays, colors, opac, normals, densify, width, height, tile_size,
-            isect_offsets, flatten_ids, backgrounds=backgrounds, packed=packed,
-            absgrad=absgrad, distloss=distloss, backend=backend))
+        colors = colors_per_pair(colors, sh_degree, per_view, means, viewmats, radii,
+                                 PackedIds(batch_ids, camera_ids, gaussian_ids), packed, B, C, N,
+                                 backend)
+        colors, backgrounds = add_depth_channel(render_mode, colors, depths, backgrounds)
+        tiles = tile_lists(means2d, radii, depths, width, height, tile_size, batch, B, C, packed,
+                           image_ids, gaussian_ids, backend)
+        isect_offsets, flatten_ids = tiles.isect_offsets, tiles.flatten_ids
+        render_colors, render_alphas, render_normals, render_distort, render_median = (
+            rasterize_to_pixels_2dgs(
+                means2d, rays, colors, opac, normals, densify, width, height, tile_size,
+                isect_offsets, flatten_ids, backgrounds=backgrounds, packed=packed,
+                absgrad=absgrad, distloss=distloss, backend=backend))
     render_colors = expected_depth(render_mode, render_colors, render_alphas)
     camtoworlds = torch.linalg.inv(viewmats)
     normals_from_depth = None

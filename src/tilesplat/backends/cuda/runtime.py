@@ -21,7 +21,8 @@ Options (read by every launch, so a benchmark can switch them between calls):
   relative once T_final nears the 1e-4 stop). Off gives gsplat's less precise recovery.
 - ``splat_batch`` (env ``TILESPLAT_CUDA_SPLAT_BATCH``, 32 or 256, default 32): the number of
   splats (= threads of a block) one ``per_splat`` backward batch holds.
-- ``deterministic`` (env ``TILESPLAT_CUDA_DETERMINISTIC``, default off): no float atomics on
+- ``deterministic`` (env ``TILESPLAT_CUDA_DETERMINISTIC``, default off; a call's
+  ``rasterization(deterministic=)`` wins for that call's backward): no float atomics on
   the gradient path, so that two runs give bitwise-equal gradients. The rasterization
   backward writes each (intersection, warp) part of a splat's gradient to its own row, and
   :mod:`.segment` sums the rows of each Gaussian in a fixed order; the projection backward
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 from numba import cuda
 
+from .. import call_options
 from . import thin_launch
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
@@ -92,10 +94,17 @@ def get_options() -> dict[str, Any]:
             "exact_transmittance", _env_bool("TILESPLAT_CUDA_EXACT_T", True)
         ),
         "splat_batch": _options.get("splat_batch", _env_batch()),
-        "deterministic": _options.get(
-            "deterministic", _env_bool("TILESPLAT_CUDA_DETERMINISTIC", False)
-        ),
+        "deterministic": _deterministic(),
     }
+
+
+def _deterministic() -> bool:
+    """A call's own choice (``rasterization(deterministic=)``, :mod:`..call_options`), else
+    :func:`set_options`', else the environment's."""
+    per_call = call_options.deterministic()
+    if per_call is not None:
+        return per_call
+    return _options.get("deterministic", _env_bool("TILESPLAT_CUDA_DETERMINISTIC", False))
 
 
 def set_options(
