@@ -10,6 +10,7 @@ dataset by :class:`.undistort_cache.UndistortCache`). One line per distinct came
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io.images import image_size, read_image, resize_image
-from .frames import Frame, image_to_tensors, mask_tensor, read_mask
+from ..io.images import decode_image, image_size, resize_image, to_float
+from .frames import Frame, read_mask
+from .image_cache import CACHE, StoredImage, decode_all, new_key
+from .pixels import LazyPixels, MaskBits
 from .undistort import Camera, Plan, Remap, plan
 from .undistort_cache import UndistortCache, file_stamp
 
@@ -76,19 +79,30 @@ def _source(shot: Shot, downscale: int) -> tuple[Path, Path | None, tuple[int, i
     return shot.image_file, shot.mask_file, size, cam.scaled(size[0] / w, size[1] / h)
 
 
-def _read(image_file: Path, mask_file: Path | None, size: tuple[int, int]
-          ) -> tuple[np.ndarray, np.ndarray | None]:
-    img = read_image(image_file)
-    full = (img.shape[1], img.shape[0])
-    if full != size:
-        img = resize_image(img, *size)
-    keep = None
-    if mask_file is not None:
-        # a mask of the loaded size (masks_N/) or of the image file's
-        mask_size = image_size(mask_file, f"mask {mask_file} of image {image_file}")
-        ref = size if mask_size == size else full
-        keep = read_mask(mask_file, image_file, ref, size)
-    return img, keep
+def _decode(image_file: Path, size: tuple[int, int]) -> np.ndarray:
+    """The image as stored: the file's uint8 (or 16-bit float32) at its size, float32
+    shrunk to ``size`` (box filter) otherwise."""
+    img = decode_image(image_file)
+    if (img.shape[1], img.shape[0]) != size:
+        return resize_image(to_float(img), *size)
+    return img
+
+
+def _read_mask(image_file: Path, mask_file: Path | None, size: tuple[int, int]
+               ) -> np.ndarray | None:
+    """The [h, w] bool mask of ``image_file`` loaded at ``size``, or None without a file."""
+    if mask_file is None:
+        return None
+    # a mask of the loaded size (masks_N/) or of the image file's
+    mask_size = image_size(mask_file, f"mask {mask_file} of image {image_file}")
+    ref = size if mask_size == size else image_size(image_file)
+    return read_mask(mask_file, image_file, ref, size)
+
+
+def quantised(image: np.ndarray) -> np.ndarray:
+    """uint8 of an image :meth:`.undistort.Remap.image` rounded to 8 bits (k / 255 in float32,
+    which ``to_float`` of the result gives back bit for bit)."""
+    return np.rint(image * np.float32(255.0)).astype(np.uint8)
 
 
 def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[Frame]:
@@ -116,7 +130,7 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
         }
         cache = UndistortCache(root, parts, [shots[i].key for i in remapped], log)
     try:
-        frames = _load_frames(shots, sources, plans, cache)
+        frames = _load_frames(shots, sources, plans, cache, log)
     except BaseException:
         if cache is not None:
             cache.abandon()
@@ -127,30 +141,69 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
 
 
 def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
-                 cache: UndistortCache | None) -> list[Frame]:
+                 cache: UndistortCache | None, log: Log) -> list[Frame]:
+    """The frames, each image decoded once in the decoding threads (which checks it and
+    puts it in the image cache) and again from its file whenever the cache has dropped it."""
     tables: dict[Camera, Remap] = {}
-    frames = []
+    jobs, agains, keys = [], [], []
     for shot, (image_file, mask_file, size, cam) in zip(shots, sources, strict=True):
         p = plans[cam]
+        key = new_key()
+        keys.append(key)
         if p.remap and cache is not None and cache.hit:
-            img, keep = cache.read(shot.key)
+            def read(name: str = shot.key) -> tuple[StoredImage, np.ndarray | None]:
+                img, keep = cache.read_stored(name)
+                return StoredImage(img), keep
+
+            agains.append(lambda read=read: read()[0])
         else:
-            img, keep = _read(image_file, mask_file, size)
+            table = None
             if p.remap:
                 table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
-                img, keep = table.image(img[:, :, :3]), table.mask(keep)
-                if cache is not None:
-                    cache.write(shot.key, img, keep)
-        rgb, alpha = image_to_tensors(img, (0.0, 0.0, 0.0))
+
+            def again(image_file: Path = image_file, size: tuple[int, int] = size,
+                      table: Remap | None = table) -> StoredImage:
+                img = _decode(image_file, size)
+                if table is not None:
+                    img = quantised(table.image(to_float(img)[:, :, :3]))
+                return StoredImage(img)
+
+            def read(name: str = shot.key, image_file: Path = image_file,
+                     mask_file: Path | None = mask_file, size: tuple[int, int] = size,
+                     table: Remap | None = table) -> tuple[StoredImage, np.ndarray | None]:
+                img = _decode(image_file, size)
+                keep = _read_mask(image_file, mask_file, size)
+                if table is not None:
+                    img, keep = table.image(to_float(img)[:, :, :3]), table.mask(keep)
+                    if cache is not None:
+                        cache.write(name, img, keep)
+                    img = quantised(img)
+                return StoredImage(img), keep
+
+            agains.append(again)
+        jobs.append(functools.partial(_first_decode, read, key))
+    loaded = decode_all(jobs, log)
+    frames = []
+    for shot, (_, _, _, cam), key, again, (size, has_alpha, keep) in zip(
+            shots, sources, keys, agains, loaded, strict=True):
+        p = plans[cam]
         frames.append(Frame(
             name=shot.name,
             viewmat=torch.from_numpy(shot.viewmat).float(),
             K=torch.from_numpy(p.target.K()).float(),
-            width=rgb.shape[1],
-            height=rgb.shape[0],
-            image=rgb,
-            alpha=alpha,
-            mask=mask_tensor(keep),
+            width=size[0],
+            height=size[1],
+            pixels=LazyPixels(again, size, has_alpha, key=key),
+            mask_bits=MaskBits.of(keep),
             camera_model=p.target.camera_model,
         ))
     return frames
+
+
+def _first_decode(read: Callable[[], tuple[StoredImage, np.ndarray | None]], key: int
+                  ) -> tuple[tuple[int, int], bool, np.ndarray | None]:
+    """Decode a frame's image and mask, put the image in the cache under ``key``: (size,
+    has_alpha, mask)."""
+    stored, keep = read()
+    CACHE.put(key, stored)
+    return stored.size, stored.has_alpha, keep

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ...data.dataset import SceneDataset
+from ...data.pixels import prefetch
 from ...devices import to_device
 from ...keys import Key
 from .. import seams
@@ -295,6 +296,9 @@ class Trainer:
         factor = downscale_factor(self.cfg, step)
         batch = make_batch([self.coarse.frame(i, factor) for i in indices], self.background,
                            self.cfg.random_background, views=indices).to(self.device)
+        # the next step's images decode in the background while this one runs
+        prefetch(self.train_frames[i].pixels
+                 for i in self.parallel.my_cameras(self.batch_indices(step + 1)))
         return self.steps.run(step, batch)
 
     def count_views(self, params: dict[str, Tensor], factor: int) -> Tensor:
