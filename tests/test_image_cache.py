@@ -236,3 +236,27 @@ def test_the_trainer_key_is_checked_with_the_others():
                       ("lots", "image_cache_mb must be float, got 'lots'")):
         with pytest.raises(ValueError, match=says):
             TrainConfig(image_cache_mb=bad).validate()
+
+
+def test_the_scale_script_reports_each_stage_at_a_small_size(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "scale_images.py"
+    spec = importlib.util.spec_from_file_location("scale_images", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    got = script.main(["--photos", "3", "--width", "64", "--height", "48", "--downscale", "2",
+                       "--out", str(tmp_path), "--image-cache-mb", "1"])
+    (tree,) = got["trees"].values()
+    assert tree["views"] == 3 and tree["cache"]["held"] <= tree["cache"]["budget"] == 1 << 20
+    for stage in ("load", "epoch"):
+        assert tree[stage]["seconds"] > 0 and tree[stage]["peak"] > 0
+
+
+def test_resizing_uint8_is_resizing_its_float32():
+    from tilesplat.io.images import to_float
+
+    img = np.random.default_rng(4).integers(0, 256, (H, W, 4), dtype=np.uint8)
+    _same(torch.from_numpy(resize_image(img, 12, 9)),
+          torch.from_numpy(resize_image(to_float(img), 12, 9)), "resized")

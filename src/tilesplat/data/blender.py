@@ -206,7 +206,7 @@ def _decode(img_path: Path, size: tuple[int, int], background: tuple[float, floa
         rgb, alpha = image_to_tensors(to_float(img), background)
         small = resize_image(np.concatenate([rgb.numpy(), alpha.numpy()], axis=2), *size)
         return StoredImage(small, None)
-    return StoredImage(resize_image(to_float(img), *size), background)
+    return StoredImage(resize_image(img, *size), background)
 
 
 def _frames(shots: list[_Shot], log: Callable[[str], None] | None = None) -> list[Frame]:

@@ -84,7 +84,7 @@ def _decode(image_file: Path, size: tuple[int, int]) -> np.ndarray:
     shrunk to ``size`` (box filter) otherwise."""
     img = decode_image(image_file)
     if (img.shape[1], img.shape[0]) != size:
-        return resize_image(to_float(img), *size)
+        return resize_image(img, *size)
     return img
 
 

@@ -168,14 +168,23 @@ def image_size(path: str | Path, what: str = "") -> tuple[int, int]:
 def resize_image(image: np.ndarray, width: int, height: int) -> np.ndarray:
     """Resize a float [H, W, C] image in [0, 1] to [height, width, C] (box/area filter).
 
-    Works on each channel in float32 so no precision is lost to uint8.
+    Works on each channel in float32 so no precision is lost to uint8. A uint8 image is
+    taken as :func:`to_float` of it, one channel at a time (the same values, without the
+    float32 copy of the whole image).
     """
     chans = [
         np.asarray(
-            Image.fromarray(np.ascontiguousarray(image[:, :, c], dtype=np.float32)).resize(
+            Image.fromarray(_float_channel(image, c)).resize(
                 (width, height), resample=Image.Resampling.BOX
             )
         )
         for c in range(image.shape[2])
     ]
     return np.clip(np.stack(chans, axis=2), 0.0, 1.0).astype(np.float32)
+
+
+def _float_channel(image: np.ndarray, c: int) -> np.ndarray:
+    """Channel ``c`` of ``image`` as contiguous float32 in [0, 1]."""
+    if image.dtype == np.uint8:
+        return to_float(np.ascontiguousarray(image[:, :, c]))
+    return np.ascontiguousarray(image[:, :, c], dtype=np.float32)
