@@ -260,3 +260,15 @@ def test_resizing_uint8_is_resizing_its_float32():
     img = np.random.default_rng(4).integers(0, 256, (H, W, 4), dtype=np.uint8)
     _same(torch.from_numpy(resize_image(img, 12, 9)),
           torch.from_numpy(resize_image(to_float(img), 12, 9)), "resized")
+
+
+def test_the_load_reports_its_progress_and_what_the_cache_holds(tmp_path, monkeypatch):
+    monkeypatch.setattr(image_cache, "PROGRESS_EVERY_S", 0.0)
+    root = _colmap(tmp_path, n=4, suffix=".png")
+    lines: list[str] = []
+    load_dataset(root, test_every=0, log=lines.append, image_cache_mb=1)
+    progress = [ln for ln in lines if ln.startswith("images: ")]
+    assert [ln.split(" decoded (")[0] for ln in progress[:-1]] == [
+        "images: 1/4", "images: 2/4", "images: 3/4"]
+    assert progress[-1].startswith("images: 4 decoded in ")
+    assert progress[-1].endswith(f"MB held ({image_cache.KEY})") and "of 1 MB" in progress[-1]

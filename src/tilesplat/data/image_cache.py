@@ -245,6 +245,7 @@ class ImageCache:
 
 CACHE = ImageCache(budget_bytes(0.0))
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
 _next_key = iter(range(1 << 62))
 _key_lock = threading.Lock()
 
@@ -271,10 +272,12 @@ def threads() -> int:
 
 
 def pool() -> ThreadPoolExecutor:
-    """The process's decoding threads (made on first use)."""
-    global _pool
-    if _pool is None:
+    """The process's decoding threads (made on first use, and again in a forked child,
+    which inherits none of its parent's threads)."""
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():
         _pool = ThreadPoolExecutor(threads(), thread_name_prefix="tilesplat-decode")
+        _pool_pid = os.getpid()
     return _pool
 
 
