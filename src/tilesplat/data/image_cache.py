@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -287,7 +287,8 @@ def decode_all(jobs: Sequence[Callable[[], object]], log: Callable[[str], None] 
     :data:`PROGRESS_EVERY_S` seconds and one at the end go to ``log``.
 
     Raises:
-        the first exception of a job, in the jobs' order (the rest are cancelled).
+        the first exception of a job, in the jobs' order, once the jobs already running have
+        ended (the others are cancelled).
     """
     log = log or (lambda _: None)
     start = last = time.perf_counter()
@@ -303,6 +304,7 @@ def decode_all(jobs: Sequence[Callable[[], object]], log: Callable[[str], None] 
     except BaseException:
         for fut in futures:
             fut.cancel()
+        wait(futures)  # the running ones finish before the caller cleans up after the load
         raise
     if futures:
         log(f"{what}: {len(futures)} decoded in {time.perf_counter() - start:.1f} s on "

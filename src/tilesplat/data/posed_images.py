@@ -6,6 +6,9 @@ names one and it exists, else the full image shrunk by ``downscale``), its mask 
 same way), and trains its camera as :func:`.undistort.plan` says: pinhole or fisheye as it
 is, or undistorted (with the images and masks remapped, and the result cached beside the
 dataset by :class:`.undistort_cache.UndistortCache`). One line per distinct camera says which.
+Each image is decoded once at load in the decoding threads of :mod:`.image_cache` (checking
+every file and filling the cache), and again, to the same values, when a step needs an image
+the cache has dropped.
 """
 
 from __future__ import annotations
@@ -140,52 +143,71 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
     return frames
 
 
+@dataclass(frozen=True)
+class _Decoder:
+    """How one frame's image and mask are made from its files.
+
+    Attributes:
+        name: the shot's key (its name in the undistortion cache).
+        image_file, mask_file: the files read; size: the loaded (width, height).
+        table: the remap that undistorts the image, or None.
+        cache: the undistortion cache the remapped image is written to, or None.
+        cached: read the image and mask from ``cache`` (a hit) instead.
+    """
+
+    name: str
+    image_file: Path
+    mask_file: Path | None
+    size: tuple[int, int]
+    table: Remap | None = None
+    cache: UndistortCache | None = None
+    cached: bool = False
+
+    def image(self) -> StoredImage:
+        """The image alone, as the image cache holds it (what an evicted frame decodes)."""
+        if self.cached:
+            return StoredImage(self.cache.read_stored(self.name)[0])  # type: ignore[union-attr]
+        img = _decode(self.image_file, self.size)
+        if self.table is not None:
+            img = quantised(self.table.image(to_float(img)[:, :, :3]))
+        return StoredImage(img)
+
+    def image_and_mask(self) -> tuple[StoredImage, np.ndarray | None]:
+        """The image and its [h, w] bool mask (or None), the undistorted ones written to the
+        undistortion cache (what the load does once)."""
+        if self.cached:
+            img, keep = self.cache.read_stored(self.name)  # type: ignore[union-attr]
+            return StoredImage(img), keep
+        img = _decode(self.image_file, self.size)
+        keep = _read_mask(self.image_file, self.mask_file, self.size)
+        if self.table is not None:
+            img, keep = self.table.image(to_float(img)[:, :, :3]), self.table.mask(keep)
+            if self.cache is not None:
+                self.cache.write(self.name, img, keep)
+            img = quantised(img)
+        return StoredImage(img), keep
+
+
 def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
                  cache: UndistortCache | None, log: Log) -> list[Frame]:
     """The frames, each image decoded once in the decoding threads (which checks it and
     puts it in the image cache) and again from its file whenever the cache has dropped it."""
     tables: dict[Camera, Remap] = {}
-    jobs, agains, keys = [], [], []
+    decoders = []
     for shot, (image_file, mask_file, size, cam) in zip(shots, sources, strict=True):
         p = plans[cam]
-        key = new_key()
-        keys.append(key)
-        if p.remap and cache is not None and cache.hit:
-            def read(name: str = shot.key) -> tuple[StoredImage, np.ndarray | None]:
-                img, keep = cache.read_stored(name)
-                return StoredImage(img), keep
-
-            agains.append(lambda read=read: read()[0])
-        else:
-            table = None
-            if p.remap:
-                table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
-
-            def again(image_file: Path = image_file, size: tuple[int, int] = size,
-                      table: Remap | None = table) -> StoredImage:
-                img = _decode(image_file, size)
-                if table is not None:
-                    img = quantised(table.image(to_float(img)[:, :, :3]))
-                return StoredImage(img)
-
-            def read(name: str = shot.key, image_file: Path = image_file,
-                     mask_file: Path | None = mask_file, size: tuple[int, int] = size,
-                     table: Remap | None = table) -> tuple[StoredImage, np.ndarray | None]:
-                img = _decode(image_file, size)
-                keep = _read_mask(image_file, mask_file, size)
-                if table is not None:
-                    img, keep = table.image(to_float(img)[:, :, :3]), table.mask(keep)
-                    if cache is not None:
-                        cache.write(name, img, keep)
-                    img = quantised(img)
-                return StoredImage(img), keep
-
-            agains.append(again)
-        jobs.append(functools.partial(_first_decode, read, key))
-    loaded = decode_all(jobs, log)
+        hit = p.remap and cache is not None and cache.hit
+        table = None
+        if p.remap and not hit:
+            table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
+        decoders.append(_Decoder(shot.key, image_file, mask_file, size, table,
+                                 cache if p.remap else None, bool(hit)))
+    keys = [new_key() for _ in shots]
+    loaded = decode_all([functools.partial(_first_decode, d.image_and_mask, k)
+                         for d, k in zip(decoders, keys, strict=True)], log)
     frames = []
-    for shot, (_, _, _, cam), key, again, (size, has_alpha, keep) in zip(
-            shots, sources, keys, agains, loaded, strict=True):
+    for shot, (_, _, _, cam), key, decoder, (size, has_alpha, keep) in zip(
+            shots, sources, keys, decoders, loaded, strict=True):
         p = plans[cam]
         frames.append(Frame(
             name=shot.name,
@@ -193,7 +215,7 @@ def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
             K=torch.from_numpy(p.target.K()).float(),
             width=size[0],
             height=size[1],
-            pixels=LazyPixels(again, size, has_alpha, key=key),
+            pixels=LazyPixels(decoder.image, size, has_alpha, key=key),
             mask_bits=MaskBits.of(keep),
             camera_model=p.target.camera_model,
         ))
