@@ -10,27 +10,29 @@ loaded: train and test are what 3DGS uses. With ``masks_dir``, the mask of ``tra
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..io.images import image_size, read_image, resize_image
+from ..io.images import decode_image, image_size, resize_image, to_float
 from ..io.json_file import read_json
 from .frames import (
     Frame,
     SceneDataset,
     cameras_extent,
-    image_to_tensors,
     look_at_point,
     mask_files,
-    mask_tensor,
     read_mask,
     split_every,
 )
+from .image_cache import CACHE, StoredImage, decode_all, image_to_tensors, new_key
+from .pixels import LazyPixels, MaskBits
 
 DEFAULT_TEST_EVERY = 8
 
@@ -136,10 +138,35 @@ def load_frame(
     ``size`` (width, height), when given, is the size the source image must have; ``masks``
     maps an image's path relative to ``root`` to its mask file.
     """
+    return _frames([_shot(root, meta, fr, json_path, downscale, background, size, masks)])[0]
+
+
+@dataclass
+class _Shot:
+    """A frame before its image is decoded: pose, intrinsics and how its pixels are made."""
+
+    name: str
+    viewmat: np.ndarray  # [4, 4]
+    K: np.ndarray  # [3, 3]
+    size: tuple[int, int]  # loaded (width, height)
+    decode: Callable[[], StoredImage]
+    mask: Callable[[], np.ndarray | None]
+
+
+def _shot(
+    root: Path,
+    meta: dict[str, Any],
+    fr: dict[str, Any],
+    json_path: Path,
+    downscale: int,
+    background: tuple[float, float, float],
+    size: tuple[int, int] | None,
+    masks: dict[str, Path] | None,
+) -> _Shot:
+    """A frame's pose, intrinsics and sizes checked from its file's header (nothing decoded)."""
     src = {**meta, **fr}  # per-frame intrinsics override the top-level ones
     img_path = _image_file(root, str(fr["file_path"]))
-    img = read_image(img_path)
-    h, w = img.shape[:2]
+    w, h = image_size(img_path)
     exp_w, exp_h = src.get("w"), src.get("h")
     if exp_w is not None and exp_h is not None and (_size(exp_w, "w", json_path),
                                                     _size(exp_h, "h", json_path)) != (w, h):
@@ -152,36 +179,63 @@ def load_frame(
             "all images of a Blender dataset must have one size"
         )
     K = _intrinsics(src, w, h, json_path)
+    nw, nh = w, h
     if downscale > 1:
         nw, nh = max(1, w // downscale), max(1, h // downscale)
         K[0] *= nw / w
         K[1] *= nh / h
-        if img.shape[2] == 4:
-            # Composite first: resizing is linear, so this equals resizing premultiplied RGBA.
-            rgb, alpha = image_to_tensors(img, background)
-            img = resize_image(np.concatenate([rgb.numpy(), alpha.numpy()], axis=2), nw, nh)
-            rgb = torch.from_numpy(np.ascontiguousarray(img[:, :, :3]))
-            alpha = torch.from_numpy(np.ascontiguousarray(img[:, :, 3:4]))
-        else:
-            rgb, alpha = image_to_tensors(resize_image(img, nw, nh), background)
-        w, h = nw, nh
-    else:
-        rgb, alpha = image_to_tensors(img, background)
     viewmat = blender_c2w_to_viewmat(np.asarray(fr["transform_matrix"], dtype=np.float64))
     mask_file = (masks or {}).get(_relative(root, img_path))
-    keep = None
-    if mask_file is not None:
-        keep = read_mask(mask_file, img_path, (img.shape[1], img.shape[0]), (w, h))
-    return Frame(
-        name=img_path.stem,
-        viewmat=torch.from_numpy(viewmat).float(),
-        K=torch.from_numpy(K).float(),
-        width=w,
-        height=h,
-        image=rgb,
-        alpha=alpha,
-        mask=mask_tensor(keep),
-    )
+
+    def mask() -> np.ndarray | None:
+        return None if mask_file is None else read_mask(mask_file, img_path, (w, h), (nw, nh))
+
+    return _Shot(img_path.stem, viewmat, K, (nw, nh),
+                 functools.partial(_decode, img_path, (nw, nh), background), mask)
+
+
+def _decode(img_path: Path, size: tuple[int, int], background: tuple[float, float, float]
+            ) -> StoredImage:
+    """A frame's image as the cache holds it: the file's values at its size; shrunk to
+    ``size``, the RGBA composited first (resizing is linear, so this equals resizing
+    premultiplied RGBA) and kept as float32."""
+    img = decode_image(img_path)
+    if (img.shape[1], img.shape[0]) == size:
+        return StoredImage(img, background)
+    if img.shape[2] == 4:
+        rgb, alpha = image_to_tensors(to_float(img), background)
+        small = resize_image(np.concatenate([rgb.numpy(), alpha.numpy()], axis=2), *size)
+        return StoredImage(small, None)
+    return StoredImage(resize_image(img, *size), background)
+
+
+def _frames(shots: list[_Shot], log: Callable[[str], None] | None = None) -> list[Frame]:
+    """The frames of ``shots``, each image decoded once in the decoding threads (checking it
+    and filling the image cache) and again whenever the cache has dropped it."""
+    keys = [new_key() for _ in shots]
+
+    def first(shot: _Shot, key: int) -> tuple[tuple[int, int], bool, np.ndarray | None]:
+        stored = shot.decode()
+        if stored.size != shot.size:  # the header and the pixels disagree
+            raise ValueError(f"image of frame '{shot.name}' decodes to {stored.size}, its "
+                             f"header says {shot.size}")
+        CACHE.put(key, stored)
+        return stored.size, stored.has_alpha, shot.mask()
+
+    loaded = decode_all([functools.partial(first, s, k) for s, k in zip(shots, keys,
+                                                                        strict=True)], log)
+    return [
+        Frame(
+            name=shot.name,
+            viewmat=torch.from_numpy(shot.viewmat).float(),
+            K=torch.from_numpy(shot.K).float(),
+            width=size[0],
+            height=size[1],
+            pixels=LazyPixels(shot.decode, size, has_alpha, key=key),
+            mask_bits=MaskBits.of(keep),
+        )
+        for shot, key, (size, has_alpha, keep) in zip(shots, keys, loaded, strict=True)
+    ]
 
 
 def _relative(root: Path, path: Path) -> str:
@@ -203,7 +257,7 @@ def load_blender(
     """Load a Blender / NeRF-synthetic dataset (see the module docstring for the layout).
 
     Without ``transforms_test.json``, the train frames are split every ``test_every``-th
-    (-1: every 8th). ``log`` is unused (nothing to say).
+    (-1: every 8th). ``log`` gets the decoding's progress lines.
     """
     root = Path(path)
     background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
@@ -219,15 +273,11 @@ def load_blender(
         masks = mask_files(Path(masks_dir), names, root)
     # every source image must have the size of the first train image
     size = image_size(_image_file(root, str(train_meta["frames"][0]["file_path"])))
-    train = [
-        load_frame(root, train_meta, fr, train_json, downscale, background, size, masks)
-        for fr in train_meta["frames"]
-    ]
+    train = _frames([_shot(root, train_meta, fr, train_json, downscale, background, size, masks)
+                     for fr in train_meta["frames"]], log)
     if test_meta is not None:
-        test = [
-            load_frame(root, test_meta, fr, test_json, downscale, background, size, masks)
-            for fr in test_meta["frames"]
-        ]
+        test = _frames([_shot(root, test_meta, fr, test_json, downscale, background, size, masks)
+                        for fr in test_meta["frames"]], log)
     else:
         every = DEFAULT_TEST_EVERY if test_every < 0 else test_every
         tr, te = split_every([f.name for f in train], every)

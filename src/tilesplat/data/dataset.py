@@ -25,6 +25,7 @@ from .frames import (
     look_at_point,
     split_every,
 )
+from .image_cache import configure as configure_image_cache
 
 __all__ = [
     "LAYOUTS",
@@ -100,6 +101,7 @@ def load_dataset(
     test_every: int = -1,
     masks_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    image_cache_mb: float = 0.0,
 ) -> SceneDataset:
     """Load a Blender / NeRF-synthetic, nerfstudio or COLMAP dataset, detecting the layout.
 
@@ -115,12 +117,17 @@ def load_dataset(
         masks_dir: a folder of training masks (``<image name>.png``, black where a pixel is
             ignored) instead of the dataset's own (COLMAP's ``masks/``, nerfstudio's
             ``mask_path``).
-        log: one-line messages (how each camera is trained, the undistortion cache).
+        log: one-line messages (how each camera is trained, the undistortion cache, the
+            decoding's progress).
+        image_cache_mb: the bound of the process's decoded-image cache in megabytes
+            (:mod:`.image_cache`); 0: automatic, a quarter of the available memory. The
+            frames' images are decoded again when the cache has dropped them.
     """
     if not isinstance(downscale, int) or downscale < 1:
         raise ValueError(f"downscale must be an integer >= 1, got {downscale!r}")
     if not isinstance(test_every, int) or test_every < -1:
         raise ValueError(f"test_every must be an integer >= -1, got {test_every!r}")
+    configure_image_cache(image_cache_mb)
     dataset = _layout(Path(path)).load(
         path, downscale=downscale, white_background=white_background, test_every=test_every,
         masks_dir=masks_dir or None, log=log,

@@ -3,7 +3,8 @@
 Every loader returns a :class:`SceneDataset` of :class:`Frame` objects in one convention:
 world-to-camera matrices in OpenCV axes (x right, y down, z forward), intrinsics already scaled
 to the loaded image size (a pinhole's, or an equidistant fisheye's when ``camera_model`` is
-``"fisheye"``), float32 images in [0, 1], and an optional training mask (True: the pixel
+``"fisheye"``), float32 images in [0, 1] (decoded on demand within a memory budget,
+:mod:`.image_cache`), and an optional training mask (True: the pixel
 counts; COLMAP's and nerfstudio's convention that a black mask pixel is ignored).
 
 This module is the bottom of the data floor: the loaders (``blender``, ``colmap``) import it,
@@ -21,11 +22,16 @@ import torch
 from PIL import Image
 
 from ..io.images import open_image
+from .image_cache import image_to_tensors as image_to_tensors  # re-exported (dataset)
+from .pixels import HeldPixels, MaskBits, Pixels
 
 MASK_SUFFIX = ".png"
 
 
-@dataclass
+_KEEP = object()  # Frame(): an alpha or mask not given (dataclasses.replace keeps the frame's)
+
+
+@dataclass(init=False)
 class Frame:
     """One posed image.
 
@@ -34,15 +40,19 @@ class Frame:
         viewmat: [4, 4] float32 world-to-camera, OpenCV axes (x right, y down, z forward).
         K: [3, 3] float32 pinhole intrinsics, scaled by the downscale factor.
         width, height: image size in pixels.
-        image: [H, W, 3] float32 in [0, 1], already composited on the background for RGBA.
-        alpha: [H, W, 1] float32 when the source had alpha, else None.
-        mask: [H, W] bool, the pixels the loss and the masked metrics count (a user's mask,
-            and the pixels an undistortion could fill), or None when every pixel counts.
+        pixels: where :attr:`image` and :attr:`alpha` come from: tensors the frame holds, or
+            a loaded file decoded through the bounded image cache (:mod:`.pixels`).
+        mask_bits: the training mask as bits (:attr:`mask`), or None.
         camera_model: the rasterizer's camera that renders the frame, ``pinhole`` or
             ``fisheye`` (equidistant; ``K`` then holds its focal lengths and centre).
         point_ids: [P_i] int64, the rows of :attr:`SceneDataset.points` this image sees
             (COLMAP: the points whose track holds the image), or None when the source says
             nothing of it (the depth prior, ``train/features/depth_loss.py``, then finds them).
+
+    ``Frame(name, viewmat, K, width, height, image, alpha, mask, ...)`` makes a frame that
+    holds its tensors; ``dataclasses.replace(frame, image=...)`` replaces them (the alpha
+    and mask not given are kept), and a replace of anything else shares the pixels, decoding
+    nothing.
     """
 
     name: str
@@ -50,11 +60,69 @@ class Frame:
     K: torch.Tensor
     width: int
     height: int
-    image: torch.Tensor
-    alpha: torch.Tensor | None
-    mask: torch.Tensor | None = None
-    camera_model: str = "pinhole"
-    point_ids: torch.Tensor | None = None
+    pixels: Pixels
+    mask_bits: MaskBits | None
+    camera_model: str
+    point_ids: torch.Tensor | None
+
+    def __init__(
+        self,
+        name: str,
+        viewmat: torch.Tensor,  # [4, 4]
+        K: torch.Tensor,  # [3, 3]
+        width: int,
+        height: int,
+        image: torch.Tensor | None = None,  # [H, W, 3]
+        alpha: torch.Tensor | None | object = _KEEP,  # [H, W, 1]
+        mask: torch.Tensor | None | object = _KEEP,  # [H, W] bool
+        camera_model: str = "pinhole",
+        point_ids: torch.Tensor | None = None,  # [P_i]
+        *,
+        pixels: Pixels | None = None,
+        mask_bits: MaskBits | None = None,
+    ) -> None:
+        self.name, self.viewmat, self.K = name, viewmat, K
+        self.width, self.height = width, height
+        self.camera_model, self.point_ids = camera_model, point_ids
+        if image is not None:
+            if alpha is _KEEP:
+                alpha = None if pixels is None else pixels.tensors()[1]
+            pixels = HeldPixels(image, alpha)  # type: ignore[arg-type]
+        elif alpha is not _KEEP:
+            raise ValueError(f"frame '{name}': an alpha needs its image")
+        if pixels is None:
+            raise ValueError(f"frame '{name}' has no image")
+        self.pixels = pixels
+        self.mask_bits = mask_bits if mask is _KEEP else MaskBits.of(mask)  # type: ignore[arg-type]
+
+    @property
+    def image(self) -> torch.Tensor:
+        """[H, W, 3] float32 in [0, 1], already composited on the background for RGBA (a
+        loaded frame's: decoded through the image cache, a new tensor each time)."""
+        return self.pixels.tensors()[0]
+
+    @property
+    def alpha(self) -> torch.Tensor | None:
+        """[H, W, 1] float32 when the source had alpha, else None."""
+        return self.pixels.tensors()[1] if self.pixels.has_alpha else None
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[H, W] bool, the pixels the loss and the masked metrics count (a user's mask, and
+        the pixels an undistortion could fill), or None when every pixel counts."""
+        return None if self.mask_bits is None else self.mask_bits.tensor()
+
+    @image.setter
+    def image(self, image: torch.Tensor) -> None:
+        self.pixels = HeldPixels(image, self.alpha)
+
+    @alpha.setter
+    def alpha(self, alpha: torch.Tensor | None) -> None:
+        self.pixels = HeldPixels(self.image, alpha)
+
+    @mask.setter
+    def mask(self, mask: torch.Tensor | None) -> None:
+        self.mask_bits = MaskBits.of(mask)
 
     @property
     def camera_center(self) -> torch.Tensor:
@@ -150,21 +218,6 @@ def look_at_point(centers: np.ndarray, forwards: np.ndarray) -> np.ndarray:
     if len(centers) < 2 or np.linalg.cond(A) > 1e6:
         return centers.mean(0)
     return np.linalg.solve(A, b)
-
-
-def image_to_tensors(
-    rgba: np.ndarray, background: tuple[float, float, float]
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Split a float [H, W, 3|4] image into (rgb [H,W,3] composited, alpha [H,W,1] | None)."""
-    if rgba.shape[2] == 4:
-        alpha = rgba[:, :, 3:4]
-        bg = np.asarray(background, dtype=np.float32)
-        rgb = rgba[:, :, :3] * alpha + bg * (1.0 - alpha)
-        return (
-            torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)),
-            torch.from_numpy(np.ascontiguousarray(alpha, dtype=np.float32)),
-        )
-    return torch.from_numpy(np.ascontiguousarray(rgba[:, :, :3], dtype=np.float32)), None
 
 
 def mask_files(masks_dir: Path, names: list[str], images_dir: Path) -> dict[str, Path]:

@@ -6,10 +6,14 @@ names one and it exists, else the full image shrunk by ``downscale``), its mask 
 same way), and trains its camera as :func:`.undistort.plan` says: pinhole or fisheye as it
 is, or undistorted (with the images and masks remapped, and the result cached beside the
 dataset by :class:`.undistort_cache.UndistortCache`). One line per distinct camera says which.
+Each image is decoded once at load in the decoding threads of :mod:`.image_cache` (checking
+every file and filling the cache), and again, to the same values, when a step needs an image
+the cache has dropped.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io.images import image_size, read_image, resize_image
-from .frames import Frame, image_to_tensors, mask_tensor, read_mask
+from ..io.images import decode_image, image_size, resize_image, to_float
+from .frames import Frame, read_mask
+from .image_cache import CACHE, StoredImage, decode_all, new_key
+from .pixels import LazyPixels, MaskBits
 from .undistort import Camera, Plan, Remap, plan
 from .undistort_cache import UndistortCache, file_stamp
 
@@ -76,19 +82,30 @@ def _source(shot: Shot, downscale: int) -> tuple[Path, Path | None, tuple[int, i
     return shot.image_file, shot.mask_file, size, cam.scaled(size[0] / w, size[1] / h)
 
 
-def _read(image_file: Path, mask_file: Path | None, size: tuple[int, int]
-          ) -> tuple[np.ndarray, np.ndarray | None]:
-    img = read_image(image_file)
-    full = (img.shape[1], img.shape[0])
-    if full != size:
-        img = resize_image(img, *size)
-    keep = None
-    if mask_file is not None:
-        # a mask of the loaded size (masks_N/) or of the image file's
-        mask_size = image_size(mask_file, f"mask {mask_file} of image {image_file}")
-        ref = size if mask_size == size else full
-        keep = read_mask(mask_file, image_file, ref, size)
-    return img, keep
+def _decode(image_file: Path, size: tuple[int, int]) -> np.ndarray:
+    """The image as stored: the file's uint8 (or 16-bit float32) at its size, float32
+    shrunk to ``size`` (box filter) otherwise."""
+    img = decode_image(image_file)
+    if (img.shape[1], img.shape[0]) != size:
+        return resize_image(img, *size)
+    return img
+
+
+def _read_mask(image_file: Path, mask_file: Path | None, size: tuple[int, int]
+               ) -> np.ndarray | None:
+    """The [h, w] bool mask of ``image_file`` loaded at ``size``, or None without a file."""
+    if mask_file is None:
+        return None
+    # a mask of the loaded size (masks_N/) or of the image file's
+    mask_size = image_size(mask_file, f"mask {mask_file} of image {image_file}")
+    ref = size if mask_size == size else image_size(image_file)
+    return read_mask(mask_file, image_file, ref, size)
+
+
+def quantised(image: np.ndarray) -> np.ndarray:
+    """uint8 of an image :meth:`.undistort.Remap.image` rounded to 8 bits (k / 255 in float32,
+    which ``to_float`` of the result gives back bit for bit)."""
+    return np.rint(image * np.float32(255.0)).astype(np.uint8)
 
 
 def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[Frame]:
@@ -116,7 +133,7 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
         }
         cache = UndistortCache(root, parts, [shots[i].key for i in remapped], log)
     try:
-        frames = _load_frames(shots, sources, plans, cache)
+        frames = _load_frames(shots, sources, plans, cache, log)
     except BaseException:
         if cache is not None:
             cache.abandon()
@@ -126,31 +143,89 @@ def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[
     return frames
 
 
+@dataclass(frozen=True)
+class _Decoder:
+    """How one frame's image and mask are made from its files.
+
+    Attributes:
+        name: the shot's key (its name in the undistortion cache).
+        image_file, mask_file: the files read; size: the loaded (width, height).
+        table: the remap that undistorts the image, or None.
+        cache: the undistortion cache the remapped image is written to, or None.
+        cached: read the image and mask from ``cache`` (a hit) instead.
+    """
+
+    name: str
+    image_file: Path
+    mask_file: Path | None
+    size: tuple[int, int]
+    table: Remap | None = None
+    cache: UndistortCache | None = None
+    cached: bool = False
+
+    def image(self) -> StoredImage:
+        """The image alone, as the image cache holds it (what an evicted frame decodes)."""
+        if self.cached:
+            return StoredImage(self.cache.read_stored(self.name)[0])  # type: ignore[union-attr]
+        img = _decode(self.image_file, self.size)
+        if self.table is not None:
+            img = quantised(self.table.image(to_float(img)[:, :, :3]))
+        return StoredImage(img)
+
+    def image_and_mask(self) -> tuple[StoredImage, np.ndarray | None]:
+        """The image and its [h, w] bool mask (or None), the undistorted ones written to the
+        undistortion cache (what the load does once)."""
+        if self.cached:
+            img, keep = self.cache.read_stored(self.name)  # type: ignore[union-attr]
+            return StoredImage(img), keep
+        img = _decode(self.image_file, self.size)
+        keep = _read_mask(self.image_file, self.mask_file, self.size)
+        if self.table is not None:
+            img, keep = self.table.image(to_float(img)[:, :, :3]), self.table.mask(keep)
+            if self.cache is not None:
+                self.cache.write(self.name, img, keep)
+            img = quantised(img)
+        return StoredImage(img), keep
+
+
 def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
-                 cache: UndistortCache | None) -> list[Frame]:
+                 cache: UndistortCache | None, log: Log) -> list[Frame]:
+    """The frames, each image decoded once in the decoding threads (which checks it and
+    puts it in the image cache) and again from its file whenever the cache has dropped it."""
     tables: dict[Camera, Remap] = {}
-    frames = []
+    decoders = []
     for shot, (image_file, mask_file, size, cam) in zip(shots, sources, strict=True):
         p = plans[cam]
-        if p.remap and cache is not None and cache.hit:
-            img, keep = cache.read(shot.key)
-        else:
-            img, keep = _read(image_file, mask_file, size)
-            if p.remap:
-                table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
-                img, keep = table.image(img[:, :, :3]), table.mask(keep)
-                if cache is not None:
-                    cache.write(shot.key, img, keep)
-        rgb, alpha = image_to_tensors(img, (0.0, 0.0, 0.0))
+        hit = p.remap and cache is not None and cache.hit
+        table = None
+        if p.remap and not hit:
+            table = tables.get(cam) or tables.setdefault(cam, Remap(cam, p.target))
+        decoders.append(_Decoder(shot.key, image_file, mask_file, size, table,
+                                 cache if p.remap else None, bool(hit)))
+    keys = [new_key() for _ in shots]
+    loaded = decode_all([functools.partial(_first_decode, d.image_and_mask, k)
+                         for d, k in zip(decoders, keys, strict=True)], log)
+    frames = []
+    for shot, (_, _, _, cam), key, decoder, (size, has_alpha, keep) in zip(
+            shots, sources, keys, decoders, loaded, strict=True):
+        p = plans[cam]
         frames.append(Frame(
             name=shot.name,
             viewmat=torch.from_numpy(shot.viewmat).float(),
             K=torch.from_numpy(p.target.K()).float(),
-            width=rgb.shape[1],
-            height=rgb.shape[0],
-            image=rgb,
-            alpha=alpha,
-            mask=mask_tensor(keep),
+            width=size[0],
+            height=size[1],
+            pixels=LazyPixels(decoder.image, size, has_alpha, key=key),
+            mask_bits=MaskBits.of(keep),
             camera_model=p.target.camera_model,
         ))
     return frames
+
+
+def _first_decode(read: Callable[[], tuple[StoredImage, np.ndarray | None]], key: int
+                  ) -> tuple[tuple[int, int], bool, np.ndarray | None]:
+    """Decode a frame's image and mask, put the image in the cache under ``key``: (size,
+    has_alpha, mask)."""
+    stored, keep = read()
+    CACHE.put(key, stored)
+    return stored.size, stored.has_alpha, keep

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..io.atomic import atomic_write_bytes
-from ..io.images import read_image, write_png
+from ..io.images import decode_image, read_image, to_float, write_png
 
 VERSION = 1
 FOLDER = "tilesplat_cache"
@@ -94,9 +94,14 @@ class UndistortCache:
 
     def read(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         """The cached (image [H, W, 3] float32, mask [H, W] bool or None) of frame ``name``."""
+        image, mask = self.read_stored(name)
+        return to_float(image), mask
+
+    def read_stored(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """The cached (image [H, W, 3] uint8, mask [H, W] bool or None) of frame ``name``."""
         image_file, mask_file = self._files(name)
         mask = read_image(mask_file)[:, :, 0] > 0.5 if mask_file.is_file() else None
-        return read_image(image_file)[:, :, :3], mask
+        return np.ascontiguousarray(decode_image(image_file)[:, :, :3]), mask
 
     def write(self, name: str, image: np.ndarray, mask: np.ndarray | None) -> None:
         """Keep frame ``name``'s undistorted image and mask (nothing when not writable)."""

@@ -1,4 +1,4 @@
-"""Image files: read any Pillow-readable image as float32, write PNGs atomically.
+"""Image files: read any Pillow-readable image as uint8 or float32, write PNGs atomically.
 
 The files are a user's and untrusted: a header may declare any size, and the pixels it
 declares are what decoding allocates. Pillow refuses an image of more than twice
@@ -106,12 +106,26 @@ def read_image(path: str | Path) -> np.ndarray:
     """Read an image file as float32 [H, W, C] in [0, 1].
 
     C is 3 for RGB / grey / palette images and 4 when the file has an alpha channel.
-    16-bit greyscale images are scaled by 1/65535.
+    16-bit greyscale images are scaled by 1/65535. The same as
+    ``to_float(decode_image(path))``.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: the file is not a readable image (corrupt, truncated, unknown format,
             or declaring more pixels than Pillow decodes).
+    """
+    return to_float(decode_image(path))
+
+
+def decode_image(path: str | Path) -> np.ndarray:
+    """Read an image file as it is stored: uint8 [H, W, C] for 8-bit images (C 3, or 4 with
+    alpha), float32 [H, W, 3] in [0, 1] for 16-bit greyscale ones (scaled by 1/65535).
+
+    What :func:`read_image` returns, in a quarter of the memory where the file is 8-bit
+    (:func:`to_float` gives the float32).
+
+    Raises:
+        FileNotFoundError / ValueError, as :func:`read_image`.
     """
     path = Path(path)
     if not path.is_file():
@@ -126,8 +140,15 @@ def read_image(path: str | Path) -> np.ndarray:
             pil.mode == "P" and "transparency" in pil.info
         )
         rgb = pil.convert("RGBA" if has_alpha else "RGB")
-        arr = np.asarray(rgb, dtype=np.uint8)
-    return arr.astype(np.float32) / np.float32(255.0)
+        return np.asarray(rgb, dtype=np.uint8)
+
+
+def to_float(image: np.ndarray) -> np.ndarray:
+    """float32 [H, W, C] in [0, 1] of a decoded image: uint8 / 255 (in float32, as every
+    loader has always divided), float32 as it is."""
+    if image.dtype == np.uint8:
+        return image.astype(np.float32) / np.float32(255.0)
+    return image
 
 
 def image_size(path: str | Path, what: str = "") -> tuple[int, int]:
@@ -147,14 +168,23 @@ def image_size(path: str | Path, what: str = "") -> tuple[int, int]:
 def resize_image(image: np.ndarray, width: int, height: int) -> np.ndarray:
     """Resize a float [H, W, C] image in [0, 1] to [height, width, C] (box/area filter).
 
-    Works on each channel in float32 so no precision is lost to uint8.
+    Works on each channel in float32 so no precision is lost to uint8. A uint8 image is
+    taken as :func:`to_float` of it, one channel at a time (the same values, without the
+    float32 copy of the whole image).
     """
     chans = [
         np.asarray(
-            Image.fromarray(np.ascontiguousarray(image[:, :, c], dtype=np.float32)).resize(
+            Image.fromarray(_float_channel(image, c)).resize(
                 (width, height), resample=Image.Resampling.BOX
             )
         )
         for c in range(image.shape[2])
     ]
     return np.clip(np.stack(chans, axis=2), 0.0, 1.0).astype(np.float32)
+
+
+def _float_channel(image: np.ndarray, c: int) -> np.ndarray:
+    """Channel ``c`` of ``image`` as contiguous float32 in [0, 1]."""
+    if image.dtype == np.uint8:
+        return to_float(np.ascontiguousarray(image[:, :, c]))
+    return np.ascontiguousarray(image[:, :, c], dtype=np.float32)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ...data.dataset import SceneDataset
+from ...data.pixels import prefetch
 from ...devices import to_device
 from ...keys import Key
 from .. import seams
@@ -127,6 +128,7 @@ class Trainer:
             self._load_state(checkpoint)
         strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
+        self._ahead: dict[int, list[int]] = {}  # this rank's cameras of the next step
         self.parallel = parallel_mode(cfg)
         self.strategy = self.parallel.attach(cfg, self.params, self.optimizers,
                                              self.strategy_state, strategy)
@@ -291,10 +293,14 @@ class Trainer:
             (loss [], squared error [] float64: the mean over the batch's pixels of the
             clamped render against the target), on the training device, not read back.
         """
-        indices = self.parallel.my_cameras(self.batch_indices(step))
+        indices = self._ahead.pop(step, None) or self.parallel.my_cameras(
+            self.batch_indices(step))
         factor = downscale_factor(self.cfg, step)
         batch = make_batch([self.coarse.frame(i, factor) for i in indices], self.background,
                            self.cfg.random_background, views=indices).to(self.device)
+        if step + 1 < self.cfg.steps:  # the next step's images decode while this one runs
+            self._ahead = {step + 1: self.parallel.my_cameras(self.batch_indices(step + 1))}
+            prefetch(self.train_frames[i].pixels for i in self._ahead[step + 1])
         return self.steps.run(step, batch)
 
     def count_views(self, params: dict[str, Tensor], factor: int) -> Tensor:

@@ -26,6 +26,9 @@ KEYS = (
     Key("masks_dir", "", "folder of training masks, <image name>.png, black where a pixel is "
         "ignored by the loss, densification and metrics; empty: the dataset's own (COLMAP's "
         "masks/, nerfstudio's mask_path) (docs/data.md)"),
+    Key("image_cache_mb", 0.0, "megabytes of decoded images held in memory (uint8 where "
+        "exact; an image not held is decoded again from its file when a step needs it); 0: "
+        "automatic, a quarter of the memory available at load (data/image_cache.py)", ge=0.0),
     Key("synthetic_scene", "raycast", "built-in scene (with data empty): raycast (a textured "
         "object ray cast in NumPy, Blender layout) or garden (the bundled Mip-NeRF 360 garden "
         "Gaussians rendered along a path near its cameras, COLMAP layout with initial points; "
@@ -91,6 +94,7 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
         test_every=cfg.test_every,
         masks_dir=cfg.masks_dir,
         log=log,
+        image_cache_mb=cfg.image_cache_mb,
     )
 
 

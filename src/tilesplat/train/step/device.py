@@ -152,16 +152,24 @@ def device_frames(frames: Sequence[Frame], device: torch.device) -> list[Frame]:
     they fit in ``IMAGE_CACHE_SHARE`` of its memory (on the CPU: the frames themselves)."""
     if device.type == "cpu":
         return list(frames)
-    nbytes = sum(f.image.nbytes + (0 if f.alpha is None else f.alpha.nbytes) for f in frames)
+    nbytes = sum(f.pixels.nbytes for f in frames)  # the float32 images, none decoded
     cache = nbytes <= IMAGE_CACHE_SHARE * torch.cuda.get_device_properties(device).total_memory
     return [
         dataclasses.replace(
             f,
             viewmat=f.viewmat.to(device),
             K=f.K.to(device),
-            image=f.image.to(device) if cache else f.image,
-            alpha=f.alpha.to(device) if cache and f.alpha is not None else f.alpha,
+            **_on_device(f, device, cache),
         )
         for f in frames
     ]
+
+
+def _on_device(frame: Frame, device: torch.device, move: bool) -> dict:
+    """The image and alpha of ``frame`` on ``device`` (decoded once) when ``move``; else
+    nothing (the frame keeps its pixels, decoded on the host for each batch)."""
+    if not move:
+        return {}
+    image, alpha = frame.pixels.tensors()
+    return {"image": image.to(device), "alpha": None if alpha is None else alpha.to(device)}
 
