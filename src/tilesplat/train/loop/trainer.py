@@ -116,7 +116,7 @@ class Trainer:
         if checkpoint is None:
             torch.manual_seed(cfg.seed)  # on the CPU and every GPU
             # drawn on the CPU, so that every device starts from the same Gaussians
-            start = self.model.init(initial_gaussians(cfg, dataset))
+            start = self.model.init(initial_gaussians(cfg, dataset, log=self.log))
             params = make_params(start, device=self.device)
             self.state = ModelState(params, make_optimizers(params, cfg, self.scene_scale),
                                     to_device(strategy.initialize_state(
