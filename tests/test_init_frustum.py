@@ -76,7 +76,7 @@ def test_auto_chooses_points_then_frustum_and_says_why(room):
     assert params["means"].shape == (300, 3) and len(lines) == 1
     assert lines[0].startswith("init: frustum, 300 points") and "no points" in lines[0]
     alpha = dataclasses.replace(bare, train=[dataclasses.replace(
-        f, alpha=torch.ones(f.height, f.width, 1)) for f in bare.train])
+        f, image=f.image, alpha=torch.ones(f.height, f.width, 1)) for f in bare.train])
     assert init_choice(cfg, alpha)[0] == "random"
     with pytest.raises(ValueError, match="init = 'points'.*'frustum'"):
         init_choice(apply_overrides(TrainConfig(), ["init=points"]), bare)
