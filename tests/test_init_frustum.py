@@ -5,6 +5,7 @@ judged on the ray-cast room capture whose true depths and points the test knows.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from tilesplat.train.models.init import init_choice, initial_gaussians
 from tilesplat.train.models.init_frustum import frustum_points
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+PYCOLMAP = importlib.util.find_spec("pycolmap") is not None
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +71,16 @@ def test_auto_chooses_points_then_frustum_and_says_why(room):
     cfg = TrainConfig()
     assert init_choice(cfg, ds)[0] == "points"
     kind, why = init_choice(cfg, bare)
-    assert kind == "frustum" and "no points" in why
+    # with pycolmap (the [sfm] extra) auto triangulates first: at 80 x 60 it finds a handful
+    # of points, and the frustum makes up the rest (tests/test_init_triangulate.py)
+    assert kind == ("triangulate" if PYCOLMAP else "frustum") and "no points" in why
     lines: list[str] = []
     torch.manual_seed(0)
     params = initial_gaussians(apply_overrides(TrainConfig(), ["init_frustum_points=300"]),
                                bare, log=lines.append)
-    assert params["means"].shape == (300, 3) and len(lines) == 1
-    assert lines[0].startswith("init: frustum, 300 points") and "no points" in lines[0]
+    assert params["means"].shape == (300, 3)
+    assert lines[-1].startswith("init: frustum, ")
+    assert ("to make up init_frustum_points" if PYCOLMAP else "no points") in lines[-1]
     alpha = dataclasses.replace(bare, train=[dataclasses.replace(
         f, image=f.image, alpha=torch.ones(f.height, f.width, 1)) for f in bare.train])
     assert init_choice(cfg, alpha)[0] == "random"
@@ -89,13 +94,13 @@ def test_auto_starts_an_object_on_a_plain_background_from_the_random_box(tmp_pat
     ds = load_dataset(write_exposure_dataset(tmp_path, n_train=12, n_test=2, size=48),
                       white_background=True)
     cfg = apply_overrides(TrainConfig(), ["init_frustum_points=1500", "init_points=700"])
-    assert init_choice(cfg, ds)[0] == "frustum"
+    assert init_choice(cfg, ds)[0] == ("triangulate" if PYCOLMAP else "frustum")
     lines: list[str] = []
     torch.manual_seed(0)
     params = initial_gaussians(cfg, ds, log=lines.append)
-    assert params["means"].shape == (700, 3) and len(lines) == 1
-    assert lines[0].startswith("init: random, 700 points"), lines
-    assert "distinct depth for only" in lines[0]
+    assert params["means"].shape == (700, 3)
+    assert lines[-1].startswith("init: random, 700 points"), lines
+    assert "distinct depth for only" in lines[-1]
     # asked for by name, the frustum's points are kept whatever their score
     torch.manual_seed(0)
     lines.clear()

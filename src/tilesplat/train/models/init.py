@@ -9,6 +9,7 @@ Parameters are stored as the optimiser sees them (gsplat's simple trainer layout
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +27,15 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
 
 KEYS = (
-    Key("init", "auto", "initial Gaussians: points (the dataset's point cloud), frustum (points "
-        "in the training views at the depths where neighbouring views agree on their colour), "
-        "random (uniform in the scene box) or auto (points when the dataset has them; else "
-        "frustum, or random for images with alpha or when few of the frustum's depths are "
-        "distinct: an object on its background)",
-        choices=("auto", "points", "frustum", "random")),
+    Key("init", "auto", "initial Gaussians: points (the dataset's point cloud), triangulate "
+        "(features of the training views matched and triangulated with their poses fixed, "
+        "through pycolmap: tilesplat[sfm]; cached beside the data; made up to "
+        "init_frustum_points by the frustum's), frustum (points in the "
+        "training views at the depths where neighbouring views agree on their colour), random "
+        "(uniform in the scene box) or auto (points when the dataset has them; else "
+        "triangulate where pycolmap is installed, else frustum; random for images with alpha "
+        "or when few of the frustum's depths are distinct: an object on its background)",
+        choices=("auto", "points", "triangulate", "frustum", "random")),
     Key("init_file", "", "start from the Gaussians of this file instead (train --init FILE): any "
         "splat file tilesplat reads (docs/formats.md) or a gsplat checkpoint; SH bands above "
         "sh_degree are dropped, missing ones start at zero; init and the init_* keys are then "
@@ -193,28 +197,78 @@ def init_choice(cfg: TrainConfig, dataset: SceneDataset) -> tuple[str, str]:
         return "points", f"the dataset's {len(dataset.points):,} points"
     if any(f.alpha is not None for f in dataset.train):
         return "random", "no points, and images with alpha (an object on its background)"
+    if importlib.util.find_spec("pycolmap") is not None and len(dataset.train) >= 2:
+        return "triangulate", "no points in the dataset, and pycolmap is installed"
     return "frustum", "no points in the dataset"
 
 
-def _frustum(cfg: TrainConfig, dataset: SceneDataset) -> tuple[Tensor, Tensor, float]:
-    """``init = frustum``'s points [P, 3], their colours [P, 3] and the fraction of them whose
-    depth is a distinct minimum (``init_frustum.frustum_points``)."""
+def _random(cfg: TrainConfig, dataset: SceneDataset, n: int, why: str,
+            say: Callable[[str], object]) -> tuple[Tensor, Tensor]:
+    """``n`` random points [n, 3] in the box the cameras see and their colours [n, 3]."""
+    frames = dataset.train
+    half = cfg.init_extent * visible_half_width(
+        torch.stack([f.viewmat for f in frames]).float(),
+        torch.stack([f.K for f in frames]).float(),
+        torch.tensor([f.width for f in frames]),
+        dataset.scene_center.float(),
+    )
+    say(f"init: random, {n:,} points in a box of half-size {half:.3g} ({why})")
+    return random_points(n, dataset.scene_center, half)
+
+
+def _frustum(cfg: TrainConfig, dataset: SceneDataset, n: int, why: str,
+             say: Callable[[str], object]) -> tuple[Tensor, Tensor]:
+    """``n`` points [n, 3] at photo-consistent depths in the training views
+    (``init_frustum.frustum_points``) and their colours [n, 3]; for ``init = auto``, the random
+    box's ``init_points`` instead when fewer than AUTO_MIN_DISTINCT of the depths are
+    distinct."""
     from .init_frustum import frustum_points
 
     frames = dataset.train
-    return frustum_points(
+    pts, rgb, decided = frustum_points(
         torch.stack([f.viewmat for f in frames]).float(),
         torch.stack([f.K for f in frames]).float(),
         [f.image for f in frames], [f.camera_model for f in frames],
-        dataset.scene_center.float(), float(dataset.scene_radius), cfg.init_frustum_points)
+        dataset.scene_center.float(), float(dataset.scene_radius), n)
+    if cfg.init == "auto" and decided < AUTO_MIN_DISTINCT:
+        return _random(cfg, dataset, cfg.init_points, (
+            f"{why}; the frustum search found a distinct depth for only {decided:.0%} of its "
+            f"points (at least {AUTO_MIN_DISTINCT:.0%} wanted): views of an object on a plain "
+            f"background"), say)
+    say(f"init: frustum, {len(pts):,} points in the training views at the depths where their "
+        f"colours agree ({decided:.0%} distinct; {why})")
+    return pts, rgb
+
+
+def _triangulated(cfg: TrainConfig, dataset: SceneDataset, why: str,
+                  say: Callable[[str], object]) -> tuple[Tensor, Tensor]:
+    """The training views' features triangulated with their poses fixed
+    (``data/sfm/triangulate.py``), and where they are fewer than ``init_frustum_points``, the
+    frustum's points to make up the count: [P, 3] points and [P, 3] colours."""
+    from ...data.sfm.triangulate import triangulate_known_poses
+
+    tri = triangulate_known_poses(dataset.train, dataset.path, log=say)
+    pts, rgb = torch.from_numpy(tri.points), torch.from_numpy(tri.rgb)
+    say(f"init: triangulate, {len(pts):,} points triangulated from {tri.n_views} views with "
+        f"their poses fixed, {tri.reprojection_error:.2f} px mean error"
+        f"{', from the cache' if tri.cached else f', {tri.seconds:.1f} s'} ({why})")
+    need = cfg.init_frustum_points - len(pts)
+    if need <= 0:
+        return pts, rgb
+    more, more_rgb = _frustum(cfg, dataset, need, f"to make up init_frustum_points = "
+                              f"{cfg.init_frustum_points:,} with the {len(pts):,} triangulated",
+                              say)
+    return torch.cat([pts, more]), torch.cat([rgb, more_rgb])
 
 
 def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset,
                       log: Callable[[str], object] | None = None) -> dict[str, Tensor]:
-    """Initial 3DGS parameters from a file (``init_file``), the dataset's points, points at
+    """Initial 3DGS parameters from a file (``init_file``), the dataset's points, the training
+    views' features triangulated with their poses (``data/sfm/triangulate.py``), points at
     photo-consistent depths in the training views (``init_frustum.py``), or random in the box
     the cameras see (``init``, ``init_points``, ``init_extent``; the model kind adapts them).
-    ``log`` gets one line saying which ran and why.
+    ``log`` gets a line saying which ran and why (one per source: a triangulation that finds
+    fewer than ``init_frustum_points`` points is made up by the frustum's).
 
     Draws from the global torch RNG (seeded by the trainer).
     """
@@ -223,30 +277,16 @@ def initial_gaussians(cfg: TrainConfig, dataset: SceneDataset,
         say(f"init: the Gaussians of {cfg.init_file}")
         return gaussians_from_file(cfg.init_file, cfg.sh_degree)
     kind, why = init_choice(cfg, dataset)
-    frames = dataset.train
-    if kind == "frustum":
-        pts, rgb, decided = _frustum(cfg, dataset)
-        if cfg.init == "auto" and decided < AUTO_MIN_DISTINCT:
-            kind, why = "random", (
-                f"no points, and the frustum search found a distinct depth for only "
-                f"{decided:.0%} of its points (at least {AUTO_MIN_DISTINCT:.0%} wanted): views "
-                f"of an object on a plain background")
-        else:
-            say(f"init: frustum, {len(pts):,} points in the training views at the depths where "
-                f"their colours agree ({decided:.0%} distinct; {why})")
     if kind == "points":
         pts = dataset.points.float()
         rgb = dataset.points_rgb if dataset.points_rgb is not None else torch.full_like(pts, 0.5)
         say(f"init: points ({why})")
-    elif kind == "random":
-        half = cfg.init_extent * visible_half_width(
-            torch.stack([f.viewmat for f in frames]).float(),
-            torch.stack([f.K for f in frames]).float(),
-            torch.tensor([f.width for f in frames]),
-            dataset.scene_center.float(),
-        )
-        pts, rgb = random_points(cfg.init_points, dataset.scene_center, half)
-        say(f"init: random, {cfg.init_points:,} points in a box of half-size {half:.3g} ({why})")
+    elif kind == "triangulate":
+        pts, rgb = _triangulated(cfg, dataset, why, say)
+    elif kind == "frustum":
+        pts, rgb = _frustum(cfg, dataset, cfg.init_frustum_points, why, say)
+    else:
+        pts, rgb = _random(cfg, dataset, cfg.init_points, why, say)
     return init_params(
         pts,
         rgb,

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...data.view_pairs import neighbours
+
 DEPTHS = 32  # depth hypotheses per ray
 NEIGHBOURS = 6  # views compared with each reference view
 MIN_VIEWS = 2  # a hypothesis counts when at least this many neighbours see it
@@ -137,24 +139,6 @@ def _costs(rays: Tensor, colour: Tensor, depths: Tensor, eye: Tensor, R: Tensor,
     # the MIN_VIEWS views that agree best (an occluded view does not count against a depth)
     ranked = torch.stack(per_view, -1).sort(dim=-1).values[..., :MIN_VIEWS]
     return ranked.mean(-1)
-
-
-def neighbours(viewmats: Tensor, k: int) -> Tensor:
-    """[C, k'] for each view the ``k`` other views (k' = min(k, C - 1)) whose optical axes
-    are nearest in angle and whose centres are nearest, ranked by the sum of both (distance
-    in units of the median camera spacing)."""
-    c = viewmats.shape[0]
-    k = min(k, c - 1)
-    R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
-    centres = -(R.transpose(1, 2) @ t[..., None])[..., 0]
-    axes = R[:, 2, :]  # the camera's z axis in the world
-    angle = torch.acos((axes @ axes.T).clamp(-1.0, 1.0))
-    dist = torch.cdist(centres, centres)
-    spacing = dist.masked_fill(torch.eye(c, dtype=torch.bool), float("inf")).min(1).values
-    unit = spacing.median().clamp_min(1e-6)
-    score = angle + dist / unit * 0.1
-    score.fill_diagonal_(float("inf"))
-    return score.topk(k, dim=1, largest=False).indices
 
 
 @torch.no_grad()
