@@ -137,12 +137,18 @@ def rasterization(
     ut_render = ut.check_arguments(
         g.shapes, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
         tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
-        covars, packed, sparse_grad, absgrad, distributed)
+        covars, packed, sparse_grad, absgrad)
     B, N, C = g.B, g.N, g.C
+    quats, scales = g.quats, g.scales
     with internal_call(), call_options.scope(deterministic):
         if distributed:  # this rank's Gaussians into every rank's cameras
             mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
+            own_cameras = viewmats, Ks, ut_render
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
+            if ut_render is not None:
+                ut_render = ut.gather_cameras(ut_render, mp.world_size)
+        if ut_render is not None:
+            viewmats_rs = ut_render.camera["viewmats_rs"]
         proj = _project(g, ut_render, means, opacities, viewmats, Ks, width, height, eps2d,
                         near_plane, far_plane, radius_clip, rasterize_mode == "antialiased",
                         camera_model, packed, sparse_grad, backend)
@@ -154,6 +160,9 @@ def rasterization(
         if distributed:  # rasterize this rank's own cameras
             colors = mp.exchange(pairs, colors, packed)
             C = mp.n_cameras[mp.rank]
+            viewmats, Ks, ut_render = own_cameras
+            if ut_render is not None and ut_render.with_eval3d:
+                means, quats, scales = ut.gather_gaussians(mp.world_size, means, quats, scales)
             meta["n_cameras_per_rank"], meta["n_gaussians_per_rank"] = mp.n_cameras, mp.n_gaussians
 
         colors, backgrounds = add_depth_channel(render_mode, colors, pairs.depths, backgrounds)
@@ -168,7 +177,7 @@ def rasterization(
             "n_cameras": C, "backward_scheme": scheme,
         })
         eval3d = None if ut_render is None or not ut_render.with_eval3d else functools.partial(
-            ut.rasterize, ut_render, means, g.quats, g.scales, opacities=pairs.opacities,
+            ut.rasterize, ut_render, means, quats, scales, opacities=pairs.opacities,
             viewmats=viewmats, Ks=Ks, width=width, height=height, tile_size=tile_size,
             isect_offsets=tiles.isect_offsets, flatten_ids=tiles.flatten_ids, backend=backend)
         render_colors, render_alphas, meta["last_ids"] = _rasterize_in_chunks(

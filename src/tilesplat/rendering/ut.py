@@ -8,9 +8,15 @@ gsplat's refusals, each a ``ValueError`` naming the argument: distortion coeffic
 rolling shutter without ``viewmats_rs`` or ``viewmats_rs`` without one; ``with_ut`` or
 ``with_eval3d`` with ``covars`` (they need quats and scales), ``packed=True`` or
 ``sparse_grad=True``. tilesplat adds: ``absgrad=True`` with ``with_eval3d`` (its rasterizer has
-no 2D means to take the gradient of; gsplat ignores the flag and leaves no ``absgrad``), and
-``distributed=True`` with either (``NotImplementedError``: the eval3d rasterizer would need
-every rank's Gaussians).
+no 2D means to take the gradient of; gsplat ignores the flag and leaves no ``absgrad``).
+
+``distributed=True`` (tilesplat's; gsplat 1.5.3 gathers only ``viewmats`` and ``Ks``, so its
+3DGUT renders break there): each rank projects its Gaussians into every rank's cameras, so the
+lens tensors of the cameras (the coefficients and ``viewmats_rs``) are gathered as the cameras
+are (:func:`gather_cameras`); the eval3d rasterizer of a rank's own cameras evaluates every
+rank's Gaussians in 3D, so their means, quats and scales are gathered too
+(:func:`gather_gaussians`, whose backward sums each rank's gradients into the rank that owns
+the Gaussian). Every rank passes the same kinds of lens tensors (the gathers are collective).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 from torch import Tensor
 
 from ..constants import SHUTTER_GLOBAL
+from ..distributed import all_gather_tensor_list
 from ..ops.lens import check_camera, check_camera_values, shutter_code
 from ..ops.ut import fully_fused_projection_with_ut, rasterize_to_pixels_eval3d
 from ..ops.validation import Shapes, check_bool, check_tensor
@@ -54,7 +61,6 @@ def check_arguments(
     packed: bool,
     sparse_grad: bool,
     absgrad: bool,
-    distributed: bool,
 ) -> UTRender | None:
     """The 3DGUT arguments of a ``rasterization()`` call checked (the lens's values too, once:
     the ops skip them inside its ``internal_call``); None for a plain 3DGS render."""
@@ -93,9 +99,6 @@ def check_arguments(
     if absgrad and with_eval3d:
         raise ValueError("rasterization(with_eval3d=True) does not support absgrad=True: its "
                          "rasterizer evaluates Gaussians in 3D and gives means2d no gradient")
-    if distributed:
-        raise NotImplementedError(f"rasterization({what}=True, distributed=True) is not "
-                                  "supported by tilesplat yet")
     check_tensor("Ks", Ks)
     shapes.check("Ks", Ks, "..., C, 3, 3")
     camera = check_camera(shapes, camera_model, Ks, width, height, radial_coeffs,
@@ -108,6 +111,33 @@ def check_arguments(
         "ftheta_coeffs": ftheta_coeffs, "rolling_shutter": rolling_shutter,
         "viewmats_rs": viewmats_rs,
     })
+
+
+_LENS_TENSORS = ("radial_coeffs", "tangential_coeffs", "thin_prism_coeffs", "viewmats_rs")
+
+
+def gather_cameras(ut: UTRender, world_size: int) -> UTRender:
+    """The render's lens tensors ([C, *] each) of every rank's cameras, rank 0's first
+    ([C_all, *]), as ``sharding.gather_cameras`` gathers ``viewmats`` and ``Ks``."""
+    names = [k for k in _LENS_TENSORS if ut.camera[k] is not None]
+    if not names:
+        return ut
+    got = all_gather_tensor_list(world_size, [ut.camera[k] for k in names])
+    return UTRender(ut.with_ut, ut.with_eval3d, {**ut.camera, **dict(zip(names, got,
+                                                                         strict=True))})
+
+
+def gather_gaussians(
+    world_size: int,
+    means: Tensor,  # [N_rank, 3]
+    quats: Tensor,  # [N_rank, 4]
+    scales: Tensor,  # [N_rank, 3]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every rank's means [N_all, 3], quats [N_all, 4] and scales [N_all, 3], rank 0's first
+    (the order of the exchanged pairs), for the eval3d rasterizer; differentiable, the
+    gradients going back to the rank that holds the Gaussian."""
+    m, q, s = all_gather_tensor_list(world_size, [means, quats, scales])
+    return m, q, s
 
 
 def project(
