@@ -6,9 +6,13 @@ steps they change, the projection (``with_ut``: the unscented transform) and the
 gsplat's refusals, each a ``ValueError`` naming the argument: distortion coefficients,
 ``ftheta_coeffs``, ``camera_model="ftheta"`` or a rolling shutter without ``with_ut=True``; a
 rolling shutter without ``viewmats_rs`` or ``viewmats_rs`` without one; ``with_ut`` or
-``with_eval3d`` with ``covars`` (they need quats and scales), ``packed=True`` or
-``sparse_grad=True``. tilesplat adds: ``absgrad=True`` with ``with_eval3d`` (its rasterizer has
-no 2D means to take the gradient of; gsplat ignores the flag and leaves no ``absgrad``).
+``with_eval3d`` with ``covars`` (they need quats and scales) or ``sparse_grad=True``.
+gsplat also refuses ``packed=True`` (its eval3d has no packed colours); tilesplat renders it:
+the UT projection's visible pairs are packed as ``fully_fused_projection(packed=True)``
+packs its own, and the eval3d rasterizer takes packed colours (``ops/ut_packed.py``, the
+memory of the unpacked call). tilesplat adds: ``absgrad=True`` with ``with_eval3d`` (its
+rasterizer has no 2D means to take the gradient of; gsplat ignores the flag and leaves no
+``absgrad``).
 
 ``distributed=True`` (tilesplat's; gsplat 1.5.3 gathers only ``viewmats`` and ``Ks``, so its
 3DGUT renders break there): each rank projects its Gaussians into every rank's cameras, so the
@@ -21,6 +25,7 @@ the Gaussian). Every rank passes the same kinds of lens tensors (the gathers are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +63,6 @@ def check_arguments(
     rolling_shutter: object,
     viewmats_rs: Tensor | None,
     covars: Tensor | None,
-    packed: bool,
     sparse_grad: bool,
     absgrad: bool,
 ) -> UTRender | None:
@@ -92,8 +96,6 @@ def check_arguments(
     what = "with_ut" if with_ut else "with_eval3d"
     if covars is not None:
         raise ValueError(f"rasterization({what}=True) needs quats and scales, not covars")
-    if packed:
-        raise ValueError(f"rasterization({what}=True) needs packed=False (as gsplat)")
     if sparse_grad:
         raise ValueError(f"rasterization({what}=True) does not support sparse_grad=True")
     if absgrad and with_eval3d:
@@ -155,15 +157,26 @@ def project(
     far_plane: float,
     radius_clip: float,
     calc_compensations: bool,
+    packed: bool,
     backend: str | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """The unscented-transform projection (unpacked, no gradient), as gsplat's
-    ``rasterization`` calls it: the opacities tighten the radii."""
-    return fully_fused_projection_with_ut(
+) -> tuple[Tensor | None, ...]:
+    """The unscented-transform projection (no gradient), as gsplat's ``rasterization`` calls
+    it: the opacities tighten the radii. Unpacked: radii, means2d, depths, conics,
+    compensations, [..., C, N, *] each; packed: batch_ids, camera_ids, gaussian_ids [nnz]
+    int64 of the pairs whose radii are positive, then those tensors' rows [nnz, *], as
+    ``fully_fused_projection(packed=True)`` returns them."""
+    proj = fully_fused_projection_with_ut(
         means, quats, scales, opacities, viewmats, Ks, width, height, eps2d=eps2d,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip,
         calc_compensations=calc_compensations, backend=backend, **ut.camera,
     )
+    if not packed:
+        return proj
+    B, C, N = math.prod(means.shape[:-2]), viewmats.shape[-3], means.shape[-2]
+    radii = proj[0].reshape(B, C, N, 2)
+    b, c, n = (radii > 0).all(dim=-1).nonzero(as_tuple=True)
+    return (b, c, n, *(None if t is None else t.reshape(B, C, N, *t.shape[means.dim() :])
+                       [b, c, n] for t in proj))
 
 
 def rasterize(
@@ -171,8 +184,8 @@ def rasterize(
     means: Tensor,  # [..., N, 3]
     quats: Tensor,  # [..., N, 4]
     scales: Tensor,  # [..., N, 3]
-    colors: Tensor,  # [..., C, N, D]
-    opacities: Tensor,  # [..., C, N]
+    colors: Tensor,  # [..., C, N, D] or [nnz, D]
+    opacities: Tensor,  # [..., C, N] or [nnz]
     viewmats: Tensor,  # [..., C, 4, 4]
     Ks: Tensor,  # [..., C, 3, 3]
     width: int,
@@ -182,11 +195,12 @@ def rasterize(
     flatten_ids: Tensor,  # [n]
     backgrounds: Tensor | None,  # [..., C, D]
     backend: str | None,
+    gaussian_ids: Tensor | None = None,  # [nnz] with packed colours
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The eval3d rasterizer: render_colors [..., C, H, W, D], render_alphas [..., C, H, W, 1]
     and last_ids [..., C, H, W]."""
     return rasterize_to_pixels_eval3d(
         means, quats, scales, colors, opacities, viewmats, Ks, width, height, tile_size,
-        isect_offsets, flatten_ids, backgrounds=backgrounds, return_last_ids=True,
-        backend=backend, **ut.camera,
+        isect_offsets, flatten_ids, backgrounds=backgrounds, gaussian_ids=gaussian_ids,
+        return_last_ids=True, backend=backend, **ut.camera,
     )
