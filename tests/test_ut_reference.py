@@ -209,7 +209,7 @@ def test_eval3d_refuses_a_viewmats_gradient_as_gsplat():
     img, _ = gsplat.rasterize_to_pixels_eval3d(
         means, quats, scales, torch.ones(1, 4, 3, dtype=DT), opacities[None], view, K, W, H,
         TILE, offsets, flatten_ids)
-    with pytest.raises(NotImplementedError, match="viewmats"):
+    with pytest.raises(ValueError, match="viewmats"):
         img.sum().backward()
 
 
@@ -902,3 +902,21 @@ def test_each_half_of_3dgut_alone():
         meta3["isect_offsets"], meta3["flatten_ids"])
     assert_close("with_eval3d", img3, expect3, 1e-12, 0)
     assert float(alpha3.max()) > 0.5
+
+
+def test_to_cpp_gives_what_the_kernels_take():
+    """gsplat's ``to_cpp()`` (its C++ structs; tilesplat has no C++ extension): the checked
+    values tilesplat's kernels take, never NotImplementedError."""
+    from tilesplat.backends.ut_camera import FThetaParams, UTParams
+    from tilesplat.constants import FTHETA_ANGLE_TO_PIXELDIST, SHUTTER_CODES
+
+    assert RollingShutterType.ROLLING_LEFT_TO_RIGHT.to_cpp() == \
+        SHUTTER_CODES["ROLLING_LEFT_TO_RIGHT"]
+    assert FThetaPolynomialType.ANGLE_TO_PIXELDIST.to_cpp() == FTHETA_ANGLE_TO_PIXELDIST
+    assert UnscentedTransformParameters(alpha=0.2).to_cpp() == UTParams(0.2, 2.0, 0.0, 0.1,
+                                                                        True)
+    ft = _ftheta(FThetaPolynomialType.ANGLE_TO_PIXELDIST).to_cpp()
+    assert isinstance(ft, FThetaParams) and ft.reference == FTHETA_ANGLE_TO_PIXELDIST
+    assert ft.angle_to_pixeldist == (0.0, F_PX, 0.0, -0.5, 0.0, 0.0)
+    with pytest.raises(ValueError, match="alpha > 0"):
+        UnscentedTransformParameters(alpha=0.0).to_cpp()

@@ -139,9 +139,9 @@ class _RasterizeToPixelsEval3D(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_render_colors, v_render_alphas, _v_last_ids):
         if ctx.needs_input_grad[8]:
-            raise NotImplementedError(
-                "rasterize_to_pixels_eval3d() gives no gradient for viewmats (as gsplat "
-                "1.5.3); pass viewmats.detach(), or render with_eval3d=False")
+            raise ValueError(
+                "rasterize_to_pixels_eval3d() gives no gradient for viewmats (gsplat 1.5.3 "
+                "silently gives none); pass viewmats.detach(), or render with_eval3d=False")
         (means, quats, scales, colors, opacities, backgrounds, masks, viewmats, Ks,
          isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
          extra) = ctx.saved_tensors
@@ -198,11 +198,11 @@ def rasterize_to_pixels_eval3d(
     [..., C, N] pairs as ``rasterize_to_pixels``'s do, or the [nnz] rows of packed colours.
     ``ut_params`` is accepted for gsplat's signature (the rays do not use it).
     Differentiable in means, quats, scales, colors, opacities and backgrounds; a ``viewmats``
-    that requires grad makes the backward raise (gsplat gives none). Extra keywords:
-    ``gaussian_ids`` (with packed colours, the Gaussian of each row), ``return_last_ids``
-    (also return last_ids [..., C, H, W] int32, -1 where nothing contributed), ``backend``
-    (``auto`` | ``torch`` | ``cpu`` | ``cuda``; the torch reference, the cpu and the cuda
-    kernels implement it).
+    that requires grad makes the backward raise ``ValueError`` (gsplat silently gives none).
+    Extra keywords: ``gaussian_ids`` (with packed colours, the Gaussian of each row),
+    ``return_last_ids`` (also return last_ids [..., C, H, W] int32, -1 where nothing
+    contributed), ``backend`` (``auto`` | ``torch`` | ``cpu`` | ``cuda``; the torch
+    reference, the cpu and the cuda kernels implement it).
 
     Packed colours (gsplat 1.5.3 declares them and raises ``NotImplementedError``): colors
     [nnz, D] and opacities [nnz] are the visible (camera, Gaussian) pairs of a packed
