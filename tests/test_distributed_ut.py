@@ -32,7 +32,8 @@ def _lenses(C: int) -> dict:
 
 def _sharded_ut(rank: int, port: int) -> None:
     """Rank 0 holds 6 Gaussians and 1 camera, rank 1 holds 7 Gaussians and 2 cameras (as in
-    test_distributed's sharded rendering); images within 1e-9, gradients rel 1e-6."""
+    test_distributed's sharded rendering), unpacked and packed; images within 1e-9,
+    gradients rel 1e-6."""
     import tilesplat
     from helpers import random_gaussians
 
@@ -49,31 +50,35 @@ def _sharded_ut(rank: int, port: int) -> None:
         gauss = slice(0, 6) if rank == 0 else slice(6, 13)
         cams = slice(0, 1) if rank == 0 else slice(1, 3)
 
-        def render(params, cams, distributed):
-            camera = {k: v[cams] if isinstance(v, torch.Tensor) else v for k, v in lens.items()}
-            viewmats, Ks = camera.pop("viewmats"), camera.pop("Ks")
-            colors, alphas, _ = tilesplat.rasterization(
-                *params, viewmats, Ks, W, H, sh_degree=1, packed=False, backgrounds=bgs[cams],
-                distributed=distributed, tile_size=4, with_ut=True, with_eval3d=True,
-                backend="torch", **camera)
-            return colors, alphas
+        for packed in (False, True):
 
-        full = [t.clone().requires_grad_(True) for t in (means, quats, scales, opacities, sh)]
-        ref_c, ref_a = render(full, slice(0, 3), False)
-        assert float((ref_a > 0.1).double().mean()) > 0.2, "the scene should cover pixels"
-        ((ref_c * weights).sum() + ref_a.sum()).backward()
+            def render(params, cams, distributed, packed=packed):
+                camera = {k: v[cams] if isinstance(v, torch.Tensor) else v
+                          for k, v in lens.items()}
+                viewmats, Ks = camera.pop("viewmats"), camera.pop("Ks")
+                colors, alphas, _ = tilesplat.rasterization(
+                    *params, viewmats, Ks, W, H, sh_degree=1, packed=packed,
+                    backgrounds=bgs[cams], distributed=distributed, tile_size=4, with_ut=True,
+                    with_eval3d=True, backend="torch", **camera)
+                return colors, alphas
 
-        mine = [t[gauss].detach().clone().requires_grad_(True)
-                for t in (means, quats, scales, opacities, sh)]
-        out_c, out_a = render(mine, cams, True)
-        torch.testing.assert_close(out_c, ref_c[cams].detach(), atol=1e-9, rtol=0)
-        torch.testing.assert_close(out_a, ref_a[cams].detach(), atol=1e-9, rtol=0)
-        ((out_c * weights[cams]).sum() + out_a.sum()).backward()
-        for name, a, e in zip(("means", "quats", "scales", "opacities", "sh"), mine, full,
-                              strict=True):
-            assert float(e.grad[gauss].abs().max()) > 0, f"v_{name} should not be zero"
-            torch.testing.assert_close(a.grad, e.grad[gauss], atol=1e-10, rtol=1e-6,
-                                       msg=f"v_{name}")
+            full = [t.clone().requires_grad_(True) for t in (means, quats, scales, opacities,
+                                                             sh)]
+            ref_c, ref_a = render(full, slice(0, 3), False)
+            assert float((ref_a > 0.1).double().mean()) > 0.2, "the scene should cover pixels"
+            ((ref_c * weights).sum() + ref_a.sum()).backward()
+
+            mine = [t[gauss].detach().clone().requires_grad_(True)
+                    for t in (means, quats, scales, opacities, sh)]
+            out_c, out_a = render(mine, cams, True)
+            torch.testing.assert_close(out_c, ref_c[cams].detach(), atol=1e-9, rtol=0)
+            torch.testing.assert_close(out_a, ref_a[cams].detach(), atol=1e-9, rtol=0)
+            ((out_c * weights[cams]).sum() + out_a.sum()).backward()
+            for name, a, e in zip(("means", "quats", "scales", "opacities", "sh"), mine, full,
+                                  strict=True):
+                assert float(e.grad[gauss].abs().max()) > 0, f"v_{name} should not be zero"
+                torch.testing.assert_close(a.grad, e.grad[gauss], atol=1e-10, rtol=1e-6,
+                                           msg=f"v_{name} (packed={packed})")
     finally:
         dist.destroy_process_group()
 
