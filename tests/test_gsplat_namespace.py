@@ -170,8 +170,9 @@ def test_rasterization_refuses_3dgut_arguments_as_gsplat_does():
 
     args = (torch.zeros(1, 3), torch.ones(1, 4), torch.zeros(1, 3), torch.ones(1),
             torch.ones(1, 3), torch.eye(4)[None], torch.eye(3)[None], 8, 8)
-    with pytest.raises(ValueError, match="packed=False"):
-        tilesplat.rasterization(*args, with_ut=True)
+    # gsplat also asserts packed=False with with_ut; tilesplat renders packed (test_ut_reference)
+    with pytest.raises(ValueError, match="sparse_grad"):
+        tilesplat.rasterization(*args, with_ut=True, sparse_grad=True)
     with pytest.raises(ValueError, match="rolling_shutter.*needs with_ut=True"):
         tilesplat.rasterization(
             *args, rolling_shutter=tilesplat.RollingShutterType.ROLLING_TOP_TO_BOTTOM

@@ -35,7 +35,7 @@ if not INNER:
         from helpers import run_in_cuda_simulator
 
         passed = run_in_cuda_simulator([__file__], str(request.config.rootpath))
-        assert len(passed) >= 13, passed
+        assert len(passed) >= 14, passed
 
 else:
     import math
@@ -266,6 +266,16 @@ else:
         radii = gsplat.fully_fused_projection_with_ut(*empty, PW, PH, backend="cuda",
                                                       **camera)[0]
         assert radii.shape == (2, 2, 0, 2)
+
+    def test_packed_colors_are_the_dense_pairs():
+        """Packed rows (shuffled, some unread) give the dense call's outputs and gradients
+        (float64; the simulator's atomics may add in another order)."""
+        from ut_packed_parity import check_packed_parity
+
+        sc = _scene(10, torch.float64, C=2, seed=3, kind="opencv", rolling=True)
+        check_packed_parity("cuda", sc["inputs"], sc["view"], sc["K"], sc["camera"],
+                            sc["offsets"], sc["flatten_ids"], sc["backgrounds"], *sc["size"],
+                            sc["tile"], tol=1e-12)
 
     def test_rasterization_with_ut_and_eval3d_on_cuda():
         """The whole pipeline (the projection kernel, tiles, the eval3d kernels) on backend

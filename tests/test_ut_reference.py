@@ -209,7 +209,7 @@ def test_eval3d_refuses_a_viewmats_gradient_as_gsplat():
     img, _ = gsplat.rasterize_to_pixels_eval3d(
         means, quats, scales, torch.ones(1, 4, 3, dtype=DT), opacities[None], view, K, W, H,
         TILE, offsets, flatten_ids)
-    with pytest.raises(NotImplementedError, match="viewmats"):
+    with pytest.raises(ValueError, match="viewmats"):
         img.sum().backward()
 
 
@@ -724,7 +724,6 @@ BAD = {
         dict(with_ut=False, rolling_shutter=RollingShutterType.ROLLING_TOP_TO_BOTTOM,
              viewmats_rs=torch.eye(4, dtype=DT)[None]),
         r"rolling_shutter=\.\.\.\) needs with_ut=True"),
-    "packed": (dict(packed=True), "packed=False"),
     "sparse_grad": (dict(sparse_grad=True), "sparse_grad"),
     "absgrad with eval3d": (dict(absgrad=True), "absgrad"),
 }
@@ -773,11 +772,87 @@ def test_covars_and_a_one_row_rolling_shutter_are_refused():
         gsplat.fully_fused_projection_with_ut(
             means, quats, scales, opacities, view, K, W, 1,
             rolling_shutter=RollingShutterType.ROLLING_TOP_TO_BOTTOM, viewmats_rs=view_rs)
-    with pytest.raises(NotImplementedError, match="packed colors"):
+
+
+
+def test_packed_colors_refused_without_their_gaussians():
+    means, quats, scales, opacities = _gaussians()
+    view, K, _ = _views()
+    lists = (torch.zeros(1, TH, TW, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    packed = (torch.ones(7, 3, dtype=DT), torch.ones(7, dtype=DT))
+    with pytest.raises(ValueError, match="needs gaussian_ids"):
+        gsplat.rasterize_to_pixels_eval3d(means, quats, scales, *packed, view, K, W, H, TILE,
+                                          *lists)
+    with pytest.raises(ValueError, match="gaussian_ids in \\[0, 4\\)"):
+        gsplat.rasterize_to_pixels_eval3d(means, quats, scales, *packed, view, K, W, H, TILE,
+                                          *lists, gaussian_ids=torch.arange(7))
+    with pytest.raises(ValueError, match="gaussian_ids=...\\) is for packed colors"):
         gsplat.rasterize_to_pixels_eval3d(
-            means, quats, scales, torch.ones(7, 3, dtype=DT), torch.ones(7, dtype=DT), view, K,
-            W, H, TILE, torch.zeros(1, TH, TW, dtype=torch.int32),
-            torch.zeros(0, dtype=torch.int32))
+            means, quats, scales, torch.ones(1, 4, 3, dtype=DT), torch.ones(1, 4, dtype=DT),
+            view, K, W, H, TILE, *lists, gaussian_ids=torch.arange(4))
+    with pytest.raises(ValueError, match="colors"):  # gsplat's [..., nnz, D] with batch dims
+        gsplat.rasterize_to_pixels_eval3d(
+            means[None], quats[None], scales[None], torch.ones(1, 7, 3, dtype=DT),
+            torch.ones(1, 7, dtype=DT), view[None], K[None], W, H, TILE, lists[0][None],
+            lists[1], gaussian_ids=torch.zeros(7, dtype=torch.int64))
+    # two rows of one pair
+    radii, offsets, flatten_ids = _lists_from_ut(means, quats, scales, opacities, view, K, {})
+    n = flatten_ids.numel()
+    with pytest.raises(ValueError, match="two rows of colors are the same"):
+        gsplat.rasterize_to_pixels_eval3d(
+            means, quats, scales, torch.ones(n, 3, dtype=DT), torch.ones(n, dtype=DT), view, K,
+            W, H, TILE, offsets, torch.arange(n, dtype=torch.int32),
+            gaussian_ids=torch.zeros(n, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("kind", ["pinhole_distorted", "ftheta"])
+def test_packed_colors_are_the_dense_pairs(kind):
+    """rasterize_to_pixels_eval3d with packed rows (shuffled, some unread) gives the dense
+    call's images, last ids and gradients, bit for bit."""
+    from ut_packed_parity import check_packed_parity
+
+    means, quats, scales, opacities = _gaussians(8, seed=21)
+    view, K, view_rs = _views(2)
+    camera = {**_camera(kind, 2), **_shutter(RollingShutterType.ROLLING_LEFT_TO_RIGHT, view_rs)}
+    _, offsets, flatten_ids = _lists_from_ut(means, quats, scales, opacities, view, K, camera)
+    g = torch.Generator().manual_seed(9)
+    colors = torch.rand(2, 8, 3, dtype=DT, generator=g)
+    opac = torch.rand(2, 8, dtype=DT, generator=g) * 0.5 + 0.4
+    bgs = torch.rand(2, 3, dtype=DT, generator=g)
+    check_packed_parity("torch", [means, quats, scales, colors, opac], view, K, camera, offsets,
+                        flatten_ids, bgs, W, H, TILE)
+
+
+def test_rasterization_packed_is_unpacked():
+    """rasterization(packed=True) with with_ut and with_eval3d (gsplat asserts packed=False
+    there): the unpacked render's images and gradients, batch dims and SH colours included,
+    and with_ut alone (the 2D rasterizer's packed path)."""
+    view, K, view_rs = _views(2)
+    scenes = [_gaussians(6, seed=31 + b) for b in range(2)]
+    batched = [torch.stack(x) for x in zip(*scenes, strict=True)]
+    sh = torch.randn(2, 6, 4, 3, dtype=DT, generator=torch.Generator().manual_seed(2)) * 0.4
+    kw = dict(with_ut=True, sh_degree=1, viewmats_rs=view_rs.expand(2, 2, 4, 4),
+              rolling_shutter=RollingShutterType.ROLLING_TOP_TO_BOTTOM,
+              backgrounds=torch.full((2, 2, 3), 0.2, dtype=DT),
+              **{k: v.expand(2, *v.shape) for k, v in _camera("pinhole_distorted", 2).items()})
+    for eval3d in (True, False):
+        out = {}
+        for packed in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in (*batched, sh)]
+            img, alpha, meta = gsplat.rasterization(
+                *leaves[:4], leaves[4], view.expand(2, 2, 4, 4), K.expand(2, 2, 3, 3), W, H,
+                packed=packed, with_eval3d=eval3d, tile_size=TILE, **kw)
+            assert (meta["gaussian_ids"] is not None) == packed
+            weights = torch.randn(img.shape, dtype=DT, generator=torch.Generator().manual_seed(4))
+            grads = torch.autograd.grad((img * weights).sum() + alpha.sum(), leaves,
+                                        allow_unused=True)
+            out[packed] = (img, alpha, *grads)
+        assert float(out[False][1].detach().max()) > 0.5
+        for i, (a, e) in enumerate(zip(out[True], out[False], strict=True)):
+            if e is None:  # with_ut alone: no gradient to the geometry, as gsplat's
+                assert a is None
+                continue
+            assert_close(f"eval3d={eval3d} output {i}", a, e, 1e-12, 1e-12)
 
 
 def test_batch_dims_render_each_batch_as_alone():
@@ -827,3 +902,21 @@ def test_each_half_of_3dgut_alone():
         meta3["isect_offsets"], meta3["flatten_ids"])
     assert_close("with_eval3d", img3, expect3, 1e-12, 0)
     assert float(alpha3.max()) > 0.5
+
+
+def test_to_cpp_gives_what_the_kernels_take():
+    """gsplat's ``to_cpp()`` (its C++ structs; tilesplat has no C++ extension): the checked
+    values tilesplat's kernels take, never NotImplementedError."""
+    from tilesplat.backends.ut_camera import FThetaParams, UTParams
+    from tilesplat.constants import FTHETA_ANGLE_TO_PIXELDIST, SHUTTER_CODES
+
+    assert RollingShutterType.ROLLING_LEFT_TO_RIGHT.to_cpp() == \
+        SHUTTER_CODES["ROLLING_LEFT_TO_RIGHT"]
+    assert FThetaPolynomialType.ANGLE_TO_PIXELDIST.to_cpp() == FTHETA_ANGLE_TO_PIXELDIST
+    assert UnscentedTransformParameters(alpha=0.2).to_cpp() == UTParams(0.2, 2.0, 0.0, 0.1,
+                                                                        True)
+    ft = _ftheta(FThetaPolynomialType.ANGLE_TO_PIXELDIST).to_cpp()
+    assert isinstance(ft, FThetaParams) and ft.reference == FTHETA_ANGLE_TO_PIXELDIST
+    assert ft.angle_to_pixeldist == (0.0, F_PX, 0.0, -0.5, 0.0, 0.0)
+    with pytest.raises(ValueError, match="alpha > 0"):
+        UnscentedTransformParameters(alpha=0.0).to_cpp()

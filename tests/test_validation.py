@@ -157,9 +157,9 @@ def test_rasterization_errors():
                                 sh_degree=1)
     with pytest.raises(ValueError, match=r"expected opacities \[\.\.\., N\] \(with"):
         tilesplat.rasterization(means, quats, scales, opac[:3], colors, view, K, 10, 10)
-    with pytest.raises(ValueError, match=r"with_ut=True\) needs packed=False"):
+    with pytest.raises(ValueError, match=r"with_ut=True\) needs quats and scales"):
         tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
-                                with_ut=True)
+                                with_ut=True, covars=torch.eye(3).expand(5, 3, 3) * 0.01)
     with pytest.raises(ValueError, match="backward_scheme"):
         tilesplat.rasterization(means, quats, scales, opac, colors, view, K, 10, 10,
                                 backward_scheme="per_tile")

@@ -2,9 +2,10 @@
 
 ``import tilesplat as gsplat`` gives every top-level name of gsplat 1.5.3 and its submodules
 ``strategy``, ``optimizers``, ``compression``, ``exporter`` and ``distributed``, with gsplat's
-signatures. A name either works (every backend; the torch reference serves ops that have no
-native kernel, with the registry's one warning) or raises ``NotImplementedError`` when called,
-saying what is missing (the Inria wrappers, PNG compression).
+signatures. A name works (every backend; the torch reference serves ops that have no native
+kernel, with the registry's one warning) but for the two wrappers of the original 3DGS CUDA
+package (``rasterization_inria_wrapper``, ``rasterization_2dgs_inria_wrapper``), which raise
+``NotImplementedError`` when called.
 Importing compiles nothing: backends load on first use.
 """
 

@@ -26,6 +26,11 @@ modes:
   --self-noise K     K forward+backward passes of each arm of --arms: per gradient, the max
                      difference to the first pass (0 means deterministic).
   --calibrate-only   only measure the machine's per-pair ceiling.
+  --eval3d N [N ...] 3DGUT's eval3d rasterizer against the 2D rasterizer at the same size
+                     (--eval3d-size, default 320x240) on --eval3d-backend (default cpu): a
+                     parity gate of eval3d against the reference, then per N Gaussians the two
+                     rasterizers' forward + backward interleaved (--repeats, default 5), their
+                     ratio per call and per intersection, and the projections' times.
 
 run scenes (--scene run:RUN_DIR, a run folder's newest checkpoint or one checkpoint file):
   the training step is the trainer's own (tilesplat train's optimization_step) on each arm's
@@ -45,6 +50,7 @@ examples:
   tilesplat bench --scene garden --arms cpu:per_pixel cpu:per_splat --self-noise 3
   tilesplat bench --scene run:runs/synthetic --arms torch cpu:per_pixel cpu:per_splat
   tilesplat bench --scene run:runs/synthetic --parity cpu:per_pixel cpu:per_splat
+  tilesplat bench --eval3d 1000 10000 --eval3d-size 320x240 --markdown
 """
 
 
@@ -83,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time spent measuring the ceiling (default: %(default)s)")
     parser.add_argument("--calibrate-only", action="store_true",
                         help="only measure and print the per-pair ceiling")
+    parser.add_argument("--eval3d", type=int, nargs="+", default=None, metavar="N",
+                        help="time eval3d against the 2D rasterizer at N Gaussians each")
+    parser.add_argument("--eval3d-size", default="320x240", metavar="WxH",
+                        help="image size of --eval3d (default: %(default)s)")
+    parser.add_argument("--eval3d-backend", default="cpu", choices=("cpu", "cuda", "torch"),
+                        help="backend of --eval3d (default: %(default)s)")
     parser.add_argument("--markdown", action="store_true",
                         help="print the bench table as Markdown (as in docs/benchmarks.md)")
     parser.add_argument("--out", default=None, metavar="FILE.json",
@@ -95,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     from tilesplat import bench
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    if args.eval3d is not None:
+        return _eval3d(args)
     if args.calibrate_only:
         with bench.runner.thread_count(args.threads):
             cal = bench.calibrate(args.calibration_seconds)
@@ -130,6 +144,25 @@ def run(args: argparse.Namespace) -> int:
             result["self_noise"] = noise
     _save(args.out, result)
     return status
+
+
+def _eval3d(args: argparse.Namespace) -> int:
+    from tilesplat.bench import eval3d_cost, machine_info, runner
+
+    try:
+        width, height = (int(v) for v in args.eval3d_size.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--eval3d-size must be WxH, got {args.eval3d_size!r}") from None
+    if min(width, height, *args.eval3d) < 1:
+        raise ValueError("--eval3d Gaussian counts and --eval3d-size must be >= 1")
+    with runner.thread_count(args.threads):
+        result = eval3d_cost.run_eval3d_cost(args.eval3d, width, height,
+                                             repeats=args.repeats or 5,
+                                             backend=args.eval3d_backend)
+    result["machine"] = machine_info()
+    print(eval3d_cost.format_eval3d_cost(result, markdown=args.markdown))
+    _save(args.out, result)
+    return 0 if result["gate"]["passed"] else 1
 
 
 def _save(path: str | None, result: dict) -> None:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ..backends.cameras import CAMERA_MODELS
 from ..backends.registry import resolve
+from ..constants import FTHETA_ANGLE_TO_PIXELDIST, FTHETA_PIXELDIST_TO_ANGLE
 from .validation import (
     Shapes,
     check_choice,
@@ -21,9 +22,8 @@ from .validation import (
     common_float,
 )
 
-
-def _no_cpp(what: str) -> Any:
-    raise NotImplementedError(f"{what}.to_cpp(): tilesplat has no C++ extension")
+FTHETA_CODES = {"PIXELDIST_TO_ANGLE": FTHETA_PIXELDIST_TO_ANGLE,
+                "ANGLE_TO_PIXELDIST": FTHETA_ANGLE_TO_PIXELDIST}
 
 
 class RollingShutterType(Enum):
@@ -36,8 +36,12 @@ class RollingShutterType(Enum):
     ROLLING_RIGHT_TO_LEFT = 3
     GLOBAL = 4
 
-    def to_cpp(self) -> Any:
-        return _no_cpp("RollingShutterType")
+    def to_cpp(self) -> int:
+        """What tilesplat's kernels take for it (gsplat's C++ enum; tilesplat has no C++
+        extension): the shutter's code of ``constants.SHUTTER_CODES``."""
+        from .lens import shutter_code
+
+        return shutter_code(self)
 
 
 @dataclass
@@ -54,12 +58,21 @@ class UnscentedTransformParameters:
     require_all_sigma_points_valid: bool = True
 
     def to_cpp(self) -> Any:
-        return _no_cpp("UnscentedTransformParameters")
+        """What tilesplat's kernels take for it (gsplat's C++ struct): the checked
+        ``backends.ut_camera.UTParams`` (``ValueError`` naming a bad field)."""
+        from .lens import ut_params_of
+
+        return ut_params_of(self)
 
 
 class FThetaPolynomialType(Enum):
     PIXELDIST_TO_ANGLE = 0
     ANGLE_TO_PIXELDIST = 1
+
+    def to_cpp(self) -> int:
+        """What tilesplat's kernels take for it (gsplat's C++ enum): the polynomial's code,
+        ``constants.FTHETA_PIXELDIST_TO_ANGLE`` or ``FTHETA_ANGLE_TO_PIXELDIST``."""
+        return FTHETA_CODES[self.name]
 
 
 @dataclass
@@ -74,6 +87,13 @@ class FThetaCameraDistortionParameters:
     angle_to_pixeldist_poly: tuple[float, float, float, float, float, float]
     max_angle: float
     linear_cde: tuple[float, float, float]
+
+    def to_cpp(self) -> Any:
+        """What tilesplat's kernels take for it (gsplat's C++ struct): the checked
+        ``backends.ut_camera.FThetaParams`` (``ValueError`` naming a bad field)."""
+        from .lens import ftheta_params_of
+
+        return ftheta_params_of(self)
 
 
 def world_to_cam(

@@ -18,6 +18,7 @@ from .camera import (
     UnscentedTransformParameters,
 )
 from .lens import check_camera, check_camera_values, tensors, ut_params_of
+from .ut_packed import expand_packed
 from .validation import (
     Shapes,
     as_int32,
@@ -29,6 +30,7 @@ from .validation import (
     check_tensor,
     check_tile_lists,
     common_float,
+    values_trusted,
 )
 
 
@@ -137,9 +139,9 @@ class _RasterizeToPixelsEval3D(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_render_colors, v_render_alphas, _v_last_ids):
         if ctx.needs_input_grad[8]:
-            raise NotImplementedError(
-                "rasterize_to_pixels_eval3d() gives no gradient for viewmats (as gsplat "
-                "1.5.3); pass viewmats.detach(), or render with_eval3d=False")
+            raise ValueError(
+                "rasterize_to_pixels_eval3d() gives no gradient for viewmats (gsplat 1.5.3 "
+                "silently gives none); pass viewmats.detach(), or render with_eval3d=False")
         (means, quats, scales, colors, opacities, backgrounds, masks, viewmats, Ks,
          isect_offsets, flatten_ids, render_colors, render_alphas, last_ids,
          extra) = ctx.saved_tensors
@@ -162,8 +164,8 @@ def rasterize_to_pixels_eval3d(
     means: Tensor,  # [..., N, 3]
     quats: Tensor,  # [..., N, 4]
     scales: Tensor,  # [..., N, 3]
-    colors: Tensor,  # [..., C, N, D]
-    opacities: Tensor,  # [..., C, N]
+    colors: Tensor,  # [..., C, N, D] or [nnz, D]
+    opacities: Tensor,  # [..., C, N] or [nnz]
     viewmats: Tensor,  # [..., C, 4, 4]
     Ks: Tensor,  # [..., C, 3, 3]
     image_width: int,
@@ -182,6 +184,7 @@ def rasterize_to_pixels_eval3d(
     rolling_shutter: RollingShutterType = RollingShutterType.GLOBAL,
     viewmats_rs: Tensor | None = None,  # [..., C, 4, 4]
     *,
+    gaussian_ids: Tensor | None = None,  # [nnz]
     return_last_ids: bool = False,
     backend: str | None = None,
 ) -> tuple[Tensor, ...]:
@@ -192,13 +195,24 @@ def rasterize_to_pixels_eval3d(
     in :func:`fully_fused_projection_with_ut`, the distortion inverted by Newton's method, the
     pose at the pixel's time on a rolling shutter); a Gaussian's alpha is its opacity times
     its largest response along the ray. ``isect_offsets``, ``flatten_ids`` index the
-    [..., C, N] pairs as ``rasterize_to_pixels``'s do (packed lists are not supported, as in
-    gsplat). ``ut_params`` is accepted for gsplat's signature (the rays do not use it).
+    [..., C, N] pairs as ``rasterize_to_pixels``'s do, or the [nnz] rows of packed colours.
+    ``ut_params`` is accepted for gsplat's signature (the rays do not use it).
     Differentiable in means, quats, scales, colors, opacities and backgrounds; a ``viewmats``
-    that requires grad makes the backward raise (gsplat gives none). Extra keywords:
+    that requires grad makes the backward raise ``ValueError`` (gsplat silently gives none).
+    Extra keywords: ``gaussian_ids`` (with packed colours, the Gaussian of each row),
     ``return_last_ids`` (also return last_ids [..., C, H, W] int32, -1 where nothing
     contributed), ``backend`` (``auto`` | ``torch`` | ``cpu`` | ``cuda``; the torch
     reference, the cpu and the cuda kernels implement it).
+
+    Packed colours (gsplat 1.5.3 declares them and raises ``NotImplementedError``): colors
+    [nnz, D] and opacities [nnz] are the visible (camera, Gaussian) pairs of a packed
+    projection, any batch dims included, with ``gaussian_ids`` [nnz] (tilesplat's keyword: the
+    3D evaluation needs each row's Gaussian, which gsplat's signature cannot say); the tile
+    lists are packed ones (``flatten_ids`` index the nnz rows); a row's image is the image
+    of the lists that read it. The rows are expanded to the [..., C, N] pairs the kernels
+    take (``ops/ut_packed.py``): memory as the unpacked call's, I·N·(D + 1) floats for
+    I = batch × C images, plus nnz + n int64 indices; the images and gradients are those of
+    the unpacked call.
 
     Returns:
         render_colors [..., C, H, W, D] (background included), render_alphas
@@ -218,11 +232,21 @@ def rasterize_to_pixels_eval3d(
     s.check("means", means, "..., N, 3")
     s.check("quats", quats, "..., N, 4")
     s.check("scales", scales, "..., N, 3")
-    if colors.dim() == means.dim():
-        raise NotImplementedError("rasterize_to_pixels_eval3d() takes no packed colors [nnz, D] "
-                                  "(as gsplat 1.5.3): pass [..., C, N, D]")
-    s.check("colors", colors, "..., C, N, D")
-    s.check("opacities", opacities, "..., C, N")
+    packed = colors.dim() == 2
+    if packed:
+        s.check("colors", colors, "nnz, D")
+        s.check("opacities", opacities, "nnz")
+        if gaussian_ids is None:
+            raise ValueError("rasterize_to_pixels_eval3d() with packed colors [nnz, D] needs "
+                             "gaussian_ids [nnz], the Gaussian of each row")
+        check_tensor("gaussian_ids", gaussian_ids, "int")
+        s.check("gaussian_ids", gaussian_ids, "nnz")
+    else:
+        if gaussian_ids is not None:
+            raise ValueError("rasterize_to_pixels_eval3d(gaussian_ids=...) is for packed colors "
+                             f"[nnz, D]; got colors {tuple(colors.shape)}")
+        s.check("colors", colors, "..., C, N, D")
+        s.check("opacities", opacities, "..., C, N")
     s.check("viewmats", viewmats, "..., C, 4, 4")
     s.check("Ks", Ks, "..., C, 3, 3")
     s.check("isect_offsets", isect_offsets, "..., C, TH, TW")
@@ -239,7 +263,17 @@ def rasterize_to_pixels_eval3d(
     batch, C, N, D, TH, TW = s["..."], s["C"], s["N"], s["D"], s["TH"], s["TW"]
     B = math.prod(batch)
     I = B * C
-    check_tile_lists(isect_offsets, flatten_ids, I * N, "I*N", width, height, tile_size)
+    isect_offsets = as_int32(isect_offsets).reshape(I, TH, TW).contiguous()
+    flatten_ids = as_int32(flatten_ids).contiguous()
+    if packed:
+        check_tile_lists(isect_offsets, flatten_ids, s["nnz"], "nnz", width, height, tile_size)
+        if not values_trusted() and gaussian_ids.numel() and (
+                int(gaussian_ids.min()) < 0 or int(gaussian_ids.max()) >= N):
+            raise ValueError(f"expected gaussian_ids in [0, {N}) (N Gaussians)")
+        colors, opacities, flatten_ids = expand_packed(colors, opacities, gaussian_ids,
+                                                       isect_offsets, flatten_ids, N)
+    else:
+        check_tile_lists(isect_offsets, flatten_ids, I * N, "I*N", width, height, tile_size)
 
     def flat(t: Tensor | None, *shape: int) -> Tensor | None:
         return None if t is None else t.reshape(*shape).contiguous()
@@ -249,8 +283,7 @@ def rasterize_to_pixels_eval3d(
         impl, flat(means, B, N, 3), flat(quats, B, N, 4), flat(scales, B, N, 3),
         flat(colors, I * N, D), flat(opacities, I * N), flat(backgrounds, I, D),
         flat(masks, I, TH, TW), flat(viewmats, I, 4, 4), flat(Ks, I, 3, 3).detach(), width,
-        height, tile_size, as_int32(isect_offsets).reshape(I, TH, TW).contiguous(),
-        as_int32(flatten_ids).contiguous(), camera.reshaped(I),
+        height, tile_size, isect_offsets, flatten_ids, camera.reshaped(I),
     )
     out = (render_colors.reshape(*batch, C, height, width, D),
            render_alphas.reshape(*batch, C, height, width, 1))

@@ -110,7 +110,8 @@ def rasterization(
         covars: covariances [..., N, 3, 3] instead of quats and scales.
         with_ut, with_eval3d, radial_coeffs, ..., viewmats_rs: 3DGUT (``rendering/ut.py``): the
             unscented-transform projection through the exact camera, the rasterizer that
-            evaluates Gaussians in 3D along the pixels' rays; both need ``packed=False``.
+            evaluates Gaussians in 3D along the pixels' rays (gsplat asserts
+            ``packed=False`` with them; tilesplat renders both, the same images).
         backward_scheme: ``per_pixel`` or ``per_splat`` (tilesplat extension).
         deterministic: this call's backward without float atomics, bitwise reproducible
             (tilesplat extension; ``None``, the default, leaves it to the process-wide
@@ -137,12 +138,18 @@ def rasterization(
     ut_render = ut.check_arguments(
         g.shapes, Ks, width, height, camera_model, with_ut, with_eval3d, radial_coeffs,
         tangential_coeffs, thin_prism_coeffs, ftheta_coeffs, rolling_shutter, viewmats_rs,
-        covars, packed, sparse_grad, absgrad, distributed)
+        covars, sparse_grad, absgrad)
     B, N, C = g.B, g.N, g.C
+    quats, scales = g.quats, g.scales
     with internal_call(), call_options.scope(deterministic):
         if distributed:  # this rank's Gaussians into every rank's cameras
             mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
+            own_cameras = viewmats, Ks, ut_render
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
+            if ut_render is not None:
+                ut_render = ut.gather_cameras(ut_render, mp.world_size)
+        if ut_render is not None:
+            viewmats_rs = ut_render.camera["viewmats_rs"]
         proj = _project(g, ut_render, means, opacities, viewmats, Ks, width, height, eps2d,
                         near_plane, far_plane, radius_clip, rasterize_mode == "antialiased",
                         camera_model, packed, sparse_grad, backend)
@@ -154,6 +161,9 @@ def rasterization(
         if distributed:  # rasterize this rank's own cameras
             colors = mp.exchange(pairs, colors, packed)
             C = mp.n_cameras[mp.rank]
+            viewmats, Ks, ut_render = own_cameras
+            if ut_render is not None and ut_render.with_eval3d:
+                means, quats, scales = ut.gather_gaussians(mp.world_size, means, quats, scales)
             meta["n_cameras_per_rank"], meta["n_gaussians_per_rank"] = mp.n_cameras, mp.n_gaussians
 
         colors, backgrounds = add_depth_channel(render_mode, colors, pairs.depths, backgrounds)
@@ -168,9 +178,10 @@ def rasterization(
             "n_cameras": C, "backward_scheme": scheme,
         })
         eval3d = None if ut_render is None or not ut_render.with_eval3d else functools.partial(
-            ut.rasterize, ut_render, means, g.quats, g.scales, opacities=pairs.opacities,
+            ut.rasterize, ut_render, means, quats, scales, opacities=pairs.opacities,
             viewmats=viewmats, Ks=Ks, width=width, height=height, tile_size=tile_size,
-            isect_offsets=tiles.isect_offsets, flatten_ids=tiles.flatten_ids, backend=backend)
+            isect_offsets=tiles.isect_offsets, flatten_ids=tiles.flatten_ids, backend=backend,
+            gaussian_ids=pairs.gaussian_ids if packed else None)
         render_colors, render_alphas, meta["last_ids"] = _rasterize_in_chunks(
             pairs, colors, backgrounds, tiles, width, height, tile_size, channel_chunk, packed,
             absgrad, scheme, backend, eval3d,
@@ -234,7 +245,7 @@ def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities
     if ut_render is not None and ut_render.with_ut:
         return ut.project(ut_render, means, g.quats, g.scales, opacities, viewmats, Ks, width,
                           height, eps2d, near_plane, far_plane, radius_clip, antialiased,
-                          backend)
+                          packed, backend)
     return fully_fused_projection(
         means, g.covars, g.quats, g.scales, viewmats, Ks, width, height, eps2d=eps2d,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, packed=packed,

@@ -2,10 +2,9 @@
 (``ut_projection``) and of the eval3d rasterizer's kernels (``ut_rasterize_fwd``,
 ``ut_rasterize_bwd``).
 
-The cameras' numbers are the reference's: the projection's launcher builds the reference's
-``Lens`` and ``Shutter`` (``torch/lens.py``) for the cameras in float64 (focal lengths,
-principal point, coefficients, the fisheye's max angle, the poses' quaternions: a few numbers
-per camera) and hands them to the kernel as one float64 row each.
+The cameras' numbers are the reference's: the projection's launcher hands the kernel the
+reference's ``Lens`` and ``Shutter`` (``torch/lens.py``) in float64, one row per camera
+(``backends/ut_launch.py``, shared with the cuda launcher).
 
 The rasterizer's pixel rays are computed by the reference's vectorised ``image_rays`` (every
 camera model, the distortion inverted by Newton's method, the rolling shutter's pose at each
@@ -15,38 +14,16 @@ backward; the kernels only see rays.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
-from ...constants import SHUTTER_GLOBAL
-from ..torch.lens import Lens, Shutter
 from ..torch.ut import image_rays
 from ..ut_camera import UTCamera, UTParams
+from ..ut_launch import projection_args
 from ._common import BLOCK, alloc, parallel_for, view
 from .cull import max_tile_len
 from .rasterize_bwd import group_by_gaussian, reduce_backgrounds
-from .ut_projection import (
-    MODEL_FISHEYE,
-    MODEL_FTHETA,
-    MODEL_OPENCV,
-    MODEL_PINHOLE,
-    N_PARAMS,
-    P_C,
-    P_F,
-    P_K,
-    P_MAX_ANGLE,
-    P_P,
-    P_Q0,
-    P_Q1,
-    P_R0,
-    P_R1,
-    P_S,
-    P_T0,
-    P_T1,
-    projection_kernel,
-)
+from .ut_projection import projection_kernel
 from .ut_rasterize_bwd import (
     N_GEOM,
     V_COLOR,
@@ -58,60 +35,6 @@ from .ut_rasterize_fwd import EXTRA_COLS, forward_kernel
 
 # ---------------------------------------------------------------------------------------------
 # the projection
-
-
-def camera_rows(viewmats: torch.Tensor, Ks: torch.Tensor, camera: UTCamera, width: int,
-                 height: int, margin: float) -> tuple[np.ndarray, int, np.ndarray, bool]:
-    """The cameras [B, C] as the kernel takes them: rows [B, C, N_PARAMS] float64 (columns
-    ``ut_projection.P_*``, from the reference's Lens and Shutter), the model's code, the
-    f-theta's numbers [17] and whether the shutter rolls."""
-    lead = viewmats.shape[:-2]
-
-    def f64(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.detach().double()
-
-    # in float64 whatever the data's type, as the kernel's math (the fisheye's max angle and
-    # the poses' quaternions would otherwise be rounded to float32 before the kernel sees them)
-    camera = dataclasses.replace(camera, radial=f64(camera.radial),
-                                 tangential=f64(camera.tangential),
-                                 thin_prism=f64(camera.thin_prism),
-                                 viewmats_rs=f64(camera.viewmats_rs))
-    lens = Lens(camera, f64(Ks), width, height, margin, 0)
-    shutter = Shutter(f64(viewmats), camera.viewmats_rs, camera.shutter, width, height, 0)
-    rows = torch.zeros(*lead, N_PARAMS, dtype=torch.float64)
-
-    def put(col: int, t: torch.Tensor) -> None:
-        t = t.double().expand(*lead, *t.shape[len(lead):]).reshape(*lead, -1)
-        rows[..., col:col + t.shape[-1]] = t
-
-    put(P_R0, shutter.R0)
-    put(P_T0, shutter.t0)
-    if shutter.rolling:
-        put(P_R1, shutter.R1)
-        put(P_T1, shutter.t1)
-        put(P_Q0, shutter.q0)
-        put(P_Q1, shutter.q1)
-    put(P_F, lens.focal)
-    put(P_C, lens.principal)
-    ft = np.zeros(17)
-    if lens.model == "fisheye":
-        model = MODEL_FISHEYE
-        put(P_K, lens.k)
-        put(P_MAX_ANGLE, lens.max_angle[..., None])
-    elif lens.model == "ftheta":
-        model = MODEL_FTHETA
-        p = lens.ftheta
-        ft[0:6], ft[6:12] = p.angle_to_pixeldist, p.pixeldist_to_angle
-        ft[12], ft[13:16] = p.max_angle, p.linear_cde
-        ft[16] = p.reference
-    elif lens.opencv:
-        model = MODEL_OPENCV
-        put(P_K, lens.k)
-        put(P_P, lens.p)
-        put(P_S, lens.s)
-    else:
-        model = MODEL_PINHOLE
-    return rows.numpy(), model, ft, shutter.rolling
 
 
 def project_with_ut(
@@ -137,8 +60,8 @@ def project_with_ut(
     n_batch, n_gauss = means.shape[:2]
     n_cams = viewmats.shape[1]
     dt = means.dtype
-    rows, model, ft, rolling = camera_rows(viewmats, Ks, camera, width, height,
-                                            ut.in_image_margin_factor)
+    rows, ft, (model, *scalars) = projection_args(viewmats, Ks, camera, width, height, dt,
+                                                  eps2d, near_plane, far_plane, radius_clip, ut)
     radii = alloc((n_batch, n_cams, n_gauss, 2), torch.int32)
     means2d = alloc((n_batch, n_cams, n_gauss, 2), dt)
     depths = alloc((n_batch, n_cams, n_gauss), dt)
@@ -148,10 +71,7 @@ def project_with_ut(
     opac = view(opacities) if opacities is not None else np.zeros((0, 0), np_dt)
     parallel_for(
         projection_kernel, n_batch * ((n_gauss + BLOCK - 1) // BLOCK), view(means),
-        view(quats), view(scales), opac, rows, model, ft,
-        camera.shutter if rolling else SHUTTER_GLOBAL, rolling, float(torch.finfo(dt).eps),
-        width, height, eps2d, near_plane, far_plane, radius_clip, ut.alpha, ut.beta, ut.kappa,
-        ut.in_image_margin_factor, ut.require_all_sigma_points_valid, view(radii),
+        view(quats), view(scales), opac, rows, model, ft, *scalars, view(radii),
         view(means2d), view(depths), view(conics), view(comps))
     return radii, means2d, depths, conics, comps if calc_compensations else None
 

@@ -4,7 +4,7 @@ they check the launch limits, compute the pixels' rays, allocate and launch the 
 ``ut_rasterize_fwd`` and ``ut_rasterize_bwd`` image chunk by chunk, then finish the gradients
 with PyTorch ops on the device).
 
-The projection's cameras are the cpu launcher's rows (``cpu/ut.py`` ``camera_rows``: the
+The projection's cameras are the cpu launcher's rows (``backends/ut_launch.py``: the
 reference's ``Lens`` and ``Shutter`` in float64, a few numbers per camera, built on the host
 and copied to the device).
 
@@ -25,11 +25,10 @@ import dataclasses
 
 import torch
 
-from ...constants import SHUTTER_GLOBAL
-from ..cpu.ut import camera_rows
 from ..torch.covariance import quat_to_rotmat
 from ..torch.ut import image_rays
 from ..ut_camera import UTCamera, UTParams
+from ..ut_launch import projection_args
 from . import raster_limits
 from .runtime import cdiv, empty, float_type, get_options, launch, launcher, optional
 from .segment import segment_sum
@@ -76,8 +75,9 @@ def project_with_ut(
     n_cams = viewmats.shape[1]
     dtype, device = means.dtype, means.device
     # the cameras' rows are a few numbers each, built on the host (one small copy back)
-    rows, model, ft, rolling = camera_rows(viewmats.cpu(), Ks.cpu(), _on_host(camera), width,
-                                           height, ut.in_image_margin_factor)
+    rows, ft, (model, *scalars) = projection_args(
+        viewmats.cpu(), Ks.cpu(), _on_host(camera), width, height, dtype, eps2d, near_plane,
+        far_plane, radius_clip, ut)
     shape = (n_batch, n_cams, n_gauss)
     radii = empty((*shape, 2), torch.int32, device)
     means2d = empty((*shape, 2), dtype, device)
@@ -89,11 +89,8 @@ def project_with_ut(
         launch(projection_kernel(float_type(dtype)), cdiv(total, THREADS), THREADS, device,
                means.contiguous(), quats.contiguous(), scales.contiguous(),
                optional(opacities, means, 2), opacities is not None,
-               torch.from_numpy(rows).to(device), model,
-               torch.from_numpy(ft).to(device), camera.shutter if rolling else SHUTTER_GLOBAL,
-               rolling, float(torch.finfo(dtype).eps), width, height, eps2d, near_plane,
-               far_plane, radius_clip, ut.alpha, ut.beta, ut.kappa, ut.in_image_margin_factor,
-               ut.require_all_sigma_points_valid, radii, means2d, depths, conics, comps)
+               torch.from_numpy(rows).to(device), model, torch.from_numpy(ft).to(device),
+               *scalars, radii, means2d, depths, conics, comps)
     return radii, means2d, depths, conics, comps if calc_compensations else None
 
 

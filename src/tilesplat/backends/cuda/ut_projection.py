@@ -5,12 +5,13 @@ reference's (``backends/torch/ut.py`` ``project_with_ut``); the math is the CPU 
 at the pose of their pixel's time on a rolling shutter, their weighted mean and scatter, then
 the culling and the radii, in float64 whatever the data's type (each result rounded once).
 
-The camera functions are not written twice: the CPU module's plain Python functions
-(``project``, ``world_to_image``, the shutter's pose and time, the f-theta polynomials) are
-compiled here as CUDA device functions, each calling the others' CUDA copies
-(:func:`_camera_functions`). The cameras come as the CPU launcher builds them
-(``cpu/ut.py``'s ``camera_rows``: one float64 row per camera from the reference's ``Lens``
-and ``Shutter``). One thread per (batch, camera, Gaussian).
+The camera, sigma-point and footprint functions are not written twice: the plain Python
+functions of ``shared/ut_projection.py`` (``project``, ``world_to_image``, the shutter's pose
+and time, the f-theta polynomials, ``sigma_points``, ``footprint``) are compiled here as CUDA
+device functions, as the CPU kernel compiles them with ``njit`` (:func:`_device_functions`).
+The cameras come as both launchers build them (``backends/ut_launch.py``: one float64 row per
+camera from the reference's ``Lens`` and ``Shutter``). One thread per (batch, camera,
+Gaussian).
 """
 
 from __future__ import annotations
@@ -22,39 +23,27 @@ from functools import cache
 import numpy as np
 from numba import cuda
 
-from ...constants import ALPHA_SKIP, RADIUS_SIGMAS
-from ..cpu import ut_projection as cpu_projection
-from ..torch.ut import EIGEN_GAP_MIN
+from ..shared import ut_projection as ut_math
 from .device_math import device_math
 from .runtime import jit
 
 THREADS = 128
-# the CPU module's camera functions, in the order they call each other
-CAMERA_FUNCTIONS = ("_horner", "_horner_derivative", "project", "_transform", "_shutter_time",
-                    "_pose", "world_to_image")
 
 
 @cache
-def _camera_functions() -> types.SimpleNamespace:
-    """CUDA device copies of the CPU module's camera functions: each one's globals are the
-    CPU module's with the scalar math (``sm``) and the other camera functions replaced by
-    their device copies."""
-    namespace = dict(vars(cpu_projection))
-    namespace["sm"] = device_math()
-    out = {}
-    for name in CAMERA_FUNCTIONS:
-        py = getattr(cpu_projection, name).py_func
-        fn = types.FunctionType(py.__code__, namespace, name, py.__defaults__, py.__closure__)
-        out[name] = namespace[name] = cuda.jit(device=True, inline=True)(fn)
-    return types.SimpleNamespace(**out)
+def _device_functions() -> types.SimpleNamespace:
+    """CUDA device copies of ``shared/ut_projection.py``'s camera and footprint functions."""
+    return ut_math.compile_for(cuda.jit(device=True, inline=True), device_math())
 
 
 def make_ut_projection(ft: type):
     """Kernel body of the unscented-transform projection for float type ``ft``."""
-    cam_fns = _camera_functions()
-    pose = cam_fns._pose
-    transform = cam_fns._transform
-    world_to_image = cam_fns.world_to_image
+    fns = _device_functions()
+    pose = fns._pose
+    transform = fns._transform
+    world_to_image = fns.world_to_image
+    sigma_points = fns.sigma_points
+    footprint = fns.footprint
     quat_to_rotmat = device_math().quat_to_rotmat
     f64 = np.float64
 
@@ -90,22 +79,14 @@ def make_ut_projection(ft: type):
         m2 = f64(means[b, g, 2])
         r = quat_to_rotmat(f64(quats[b, g, 0]), f64(quats[b, g, 1]), f64(quats[b, g, 2]),
                            f64(quats[b, g, 3]))
-        pts[0, 0] = m0
-        pts[0, 1] = m1
-        pts[0, 2] = m2
-        for i in range(3):  # axis i: column i of R times its scale
-            s = spread * f64(scales[b, g, i])
-            for k in range(3):
-                pts[1 + i, k] = pts[0, k] + s * r[3 * k + i]
-                pts[4 + i, k] = pts[0, k] - s * r[3 * k + i]
+        sigma_points(pts, m0, m1, m2, r, f64(scales[b, g, 0]), f64(scales[b, g, 1]),
+                     f64(scales[b, g, 2]), spread)
         cam = cams[b, c]
         pose(cam, rolling, 0.5, eps, rot, t, q)
         _, _, depth = transform(rot, t, m0, m1, m2)
         depths[b, c, g] = depth
         valid = depth >= near_plane and depth <= far_plane
         n_ok = 0
-        mx = 0.0
-        my = 0.0
         for sp in range(7):
             u, v, ok = world_to_image(cam, model, ftheta, shutter, rolling, eps, width, height,
                                       margin, pts[sp, 0], pts[sp, 1], pts[sp, 2], rot, t, q)
@@ -113,56 +94,19 @@ def make_ut_projection(ft: type):
             img[sp, 1] = v
             if ok:
                 n_ok += 1
-            w = w_mean0 if sp == 0 else w_mean1
-            mx += w * u
-            my += w * v
         valid = valid and (n_ok == 7 if require_all else n_ok > 0)
-        c00 = 0.0
-        c01 = 0.0
-        c11 = 0.0
-        for sp in range(7):
-            w = w_cov0 if sp == 0 else w_mean1
-            du = img[sp, 0] - mx
-            dv = img[sp, 1] - my
-            c00 += w * du * du
-            c01 += w * du * dv
-            c11 += w * dv * dv
-        det_orig = c00 * c11 - c01 * c01
-        a = c00 + eps2d
-        cc = c11 + eps2d
-        det = a * cc - c01 * c01
-        valid = valid and det > 0.0
-        safe_det = det if valid else 1.0
-        comp = math.sqrt(max(det_orig / safe_det, 0.0))
-        extend = RADIUS_SIGMAS
-        if has_opac:
-            opac = f64(opacities[b, g]) * comp
-            valid = valid and opac >= ALPHA_SKIP
-            extend = min(extend, math.sqrt(2.0 * math.log(max(opac / ALPHA_SKIP, 1.0))))
-        half = 0.5 * (a + cc)
-        v1 = half + math.sqrt(max(half * half - det, EIGEN_GAP_MIN))
-        r1 = extend * math.sqrt(max(v1, 0.0))
-        rx = math.ceil(min(extend * math.sqrt(max(a, 0.0)), r1))
-        ry = math.ceil(min(extend * math.sqrt(max(cc, 0.0)), r1))
-        valid = valid and not (rx <= radius_clip and ry <= radius_clip)
-        valid = valid and mx + rx > 0 and mx - rx < width and my + ry > 0 and my - ry < height
-        if valid:
-            radii[b, c, g, 0] = int(rx)
-            radii[b, c, g, 1] = int(ry)
-            means2d[b, c, g, 0] = ft(mx)
-            means2d[b, c, g, 1] = ft(my)
-            conics[b, c, g, 0] = ft(cc / safe_det)
-            conics[b, c, g, 1] = ft(-c01 / safe_det)
-            conics[b, c, g, 2] = ft(a / safe_det)
-            comps[b, c, g] = ft(comp)
-        else:
-            radii[b, c, g, 0] = 0
-            radii[b, c, g, 1] = 0
-            for k in range(2):
-                means2d[b, c, g, k] = ft(0.0)
-            for k in range(3):
-                conics[b, c, g, k] = ft(0.0)
-            comps[b, c, g] = ft(0.0)
+        opacity = f64(opacities[b, g]) if has_opac else 0.0
+        (valid, rx, ry, mx, my, conic0, conic1, conic2, comp) = footprint(
+            img, valid, w_mean0, w_mean1, w_cov0, eps2d, has_opac, opacity, radius_clip, width,
+            height)
+        radii[b, c, g, 0] = rx
+        radii[b, c, g, 1] = ry
+        means2d[b, c, g, 0] = ft(mx)
+        means2d[b, c, g, 1] = ft(my)
+        conics[b, c, g, 0] = ft(conic0)
+        conics[b, c, g, 1] = ft(conic1)
+        conics[b, c, g, 2] = ft(conic2)
+        comps[b, c, g] = ft(comp)
 
     return ut_projection
 

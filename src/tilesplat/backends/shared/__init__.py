@@ -17,6 +17,9 @@ Modules, by domain (each lists its compiled functions in ``FUNCTIONS``):
 - ``sh``: the real spherical-harmonics basis and its VJP;
 - ``tiles``: which tiles a Gaussian's alpha-threshold ellipse reaches (the tile lists).
 
+``ut_projection`` (3DGUT's lens, shutter and sigma-point footprint) takes arrays, not scalars,
+so it is not compiled here: its own ``compile_for`` serves both targets' projection kernels.
+
 Rules that keep float32 kernels float32 (Numba types a Python float literal, and a module
 global float, as float64 and promotes): every constant goes through ``like(x, c)``, which casts
 ``c`` to the type of ``x`` inside compiled code and costs nothing after constant folding;
