@@ -6,6 +6,7 @@ are those of one process rendering all Gaussians into all cameras."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -79,6 +80,19 @@ def _sharded_ut(rank: int, port: int) -> None:
                 assert float(e.grad[gauss].abs().max()) > 0, f"v_{name} should not be zero"
                 torch.testing.assert_close(a.grad, e.grad[gauss], atol=1e-10, rtol=1e-6,
                                            msg=f"v_{name} (packed={packed})")
+
+        # a rank whose lens differs (no tangential coefficients on rank 1) ends every rank's
+        # call with the same clear error, not a hang in a gather
+        camera = {k: v[cams] if isinstance(v, torch.Tensor) else v for k, v in lens.items()}
+        if rank == 1:
+            camera.pop("tangential_coeffs")
+        viewmats, Ks = camera.pop("viewmats"), camera.pop("Ks")
+        with pytest.raises(ValueError, match="every rank must render the same way; rank "
+                           f"{rank} .* and rank {1 - rank} "):
+            tilesplat.rasterization(means[gauss], quats[gauss], scales[gauss],
+                                    opacities[gauss], sh[gauss], viewmats, Ks, W, H,
+                                    sh_degree=1, distributed=True, with_ut=True,
+                                    with_eval3d=True, backend="torch", **camera)
     finally:
         dist.destroy_process_group()
 

@@ -143,7 +143,8 @@ def rasterization(
     quats, scales = g.quats, g.scales
     with internal_call(), call_options.scope(deterministic):
         if distributed:  # this rank's Gaussians into every rank's cameras
-            mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks)
+            mp = _ModelParallel.start(g, absgrad, means, viewmats, Ks,
+                                      sharding.render_form(ut_render, packed, colors, g.sh_degree))
             own_cameras = viewmats, Ks, ut_render
             viewmats, Ks, C = mp.viewmats, mp.Ks, mp.n_all_cameras
             if ut_render is not None:
@@ -368,8 +369,9 @@ class _ModelParallel:
 
     @classmethod
     def start(cls, g: _Inputs, absgrad: bool, means: Tensor, viewmats: Tensor,
-              Ks: Tensor) -> _ModelParallel:
-        """Every rank's cameras, after the checks of what model parallelism supports."""
+              Ks: Tensor, form: int) -> _ModelParallel:
+        """Every rank's cameras, after the checks of what model parallelism supports and that
+        every rank renders in the same ``form`` (:func:`.sharding.render_form`)."""
         if g.batch_dims:
             raise ValueError(f"rasterization(distributed=True) takes no batch dims, got means "
                              f"{tuple(means.shape)}")
@@ -380,6 +382,7 @@ class _ModelParallel:
                              "[N, D] or [N, K, 3], not per-camera ones")
         rank, world_size = sharding.world()
         check_tensor("Ks", Ks)
+        sharding.check_same_form(world_size, rank, form, means.device)
         viewmats, Ks, n_cams, n_gauss = sharding.gather_cameras(world_size, viewmats, Ks, g.N)
         return cls(rank, world_size, viewmats, Ks, n_cams, n_gauss)
 

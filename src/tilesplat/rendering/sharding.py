@@ -10,9 +10,14 @@ cameras.
    rank's Gaussians; the backward routes the gradients back to the shard that owns them.
 
 Unlike gsplat, ranks may hold different numbers of cameras (and of Gaussians, as in gsplat).
+Before anything is exchanged, :func:`check_same_form` compares what every rank asked for
+(3DGUT, its lens tensors, packed, the colours' width, the SH degree): a rank that differs
+ends every rank's call with a ValueError instead of a hang.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +35,42 @@ def world() -> tuple[int, int]:
             "group (torch.distributed.init_process_group, or run under torchrun)"
         )
     return dist.get_rank(), dist.get_world_size()
+
+
+_FORM_FLAGS = ("with_ut", "with_eval3d", "packed", "radial_coeffs", "tangential_coeffs",
+               "thin_prism_coeffs", "viewmats_rs")
+_COLOR_SHIFT, _SH_SHIFT = len(_FORM_FLAGS), len(_FORM_FLAGS) + 16
+
+
+def render_form(ut: Any, packed: bool, colors: Tensor, sh_degree: int | None) -> int:
+    """What must agree across ranks for their collectives to match, as one 32-bit integer:
+    the 3DGUT flags and which lens tensors ``ut`` (a ``ut.UTRender`` or None) holds,
+    ``packed``, the colours' last dimension and the SH degree."""
+    on = [ut is not None and ut.with_ut, ut is not None and ut.with_eval3d, packed]
+    on += [ut is not None and ut.camera.get(k) is not None for k in _FORM_FLAGS[3:]]
+    flags = sum(1 << i for i, f in enumerate(on) if f)
+    channels = min(int(colors.shape[-1]), (1 << 16) - 1)
+    sh = 0 if sh_degree is None else sh_degree + 1
+    return flags | channels << _COLOR_SHIFT | sh << _SH_SHIFT
+
+
+def _describe(form: int) -> str:
+    flags = [n for i, n in enumerate(_FORM_FLAGS) if form >> i & 1]
+    sh = (form >> _SH_SHIFT) - 1
+    return (f"{', '.join(flags) or 'plain 3DGS'}; colours' last dim "
+            f"{form >> _COLOR_SHIFT & 0xFFFF}; sh_degree {'None' if sh < 0 else sh}")
+
+
+def check_same_form(world_size: int, rank: int, form: int, device: torch.device) -> None:
+    """ValueError on every rank when the ranks' :func:`render_form` differ (their gathers
+    would otherwise wait on each other or exchange rows of different widths)."""
+    forms = all_gather_int32(world_size, form, device=device)
+    if any(f != form for f in forms):
+        other = next(r for r, f in enumerate(forms) if f != forms[rank])
+        raise ValueError(
+            f"rasterization(distributed=True): every rank must render the same way; rank "
+            f"{rank} renders ({_describe(forms[rank])}) and rank {other} "
+            f"({_describe(forms[other])})")
 
 
 def gather_cameras(
