@@ -95,6 +95,7 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
         masks_dir=cfg.masks_dir,
         log=log,
         image_cache_mb=cfg.image_cache_mb,
+        camera_mode=cfg.camera_mode,
     )
 
 
