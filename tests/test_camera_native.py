@@ -21,9 +21,9 @@ from tilesplat.backends.ut_camera import UTCamera
 from tilesplat.constants import SHUTTER_GLOBAL
 from tilesplat.data import camera_models as cm
 from tilesplat.data.dataset import load_dataset
-from tilesplat.data.lens import lens_of
-from tilesplat.data.native import native_plan
-from tilesplat.data.undistort import Camera
+from tilesplat.data.lens import Lens, lens_of
+from tilesplat.data.native import native_plan, zero_lens
+from tilesplat.data.undistort import Camera, plan
 from tilesplat.data.undistort_cache import FOLDER
 from tilesplat.io.images import write_png
 from tilesplat.train.config import TrainConfig, apply_overrides
@@ -86,10 +86,12 @@ def test_lenses_gsplat_cannot_hold_are_undistorted_and_say_why():
     for cam in (prism, fov):
         assert lens_of(cam.model, cam.params, W, H) is None
         p = native_plan(cam)
-        assert p.remap and p.lens is None and "camera_mode = native" in p.note
-    # a pinhole keeps no lens in native mode either: the plain camera renders it
+        assert p.remap and "camera_mode = native" in p.note
+        # rendered through 3DGUT like every camera of a native run, without distortion
+        assert p.lens == zero_lens(p.target.camera_model)
     pin = native_plan(LENSES["pinhole"])
-    assert not pin.remap and pin.lens is None
+    assert not pin.remap and pin.lens == Lens("pinhole", (0.0,) * 6, (0.0, 0.0))
+    assert plan(LENSES["pinhole"]).lens is None  # the default mode: the 2D rasterizer
 
 
 def test_native_colmap_capture_keeps_full_size_lens_and_masks(captures, tmp_path):
@@ -178,5 +180,6 @@ def test_native_mode_refuses_what_3dgut_cannot_train():
     with pytest.raises(ValueError, match="camera_mode = 'native' needs packed = false"):
         apply_overrides(TrainConfig(), [*base, "strategy=mcmc", "packed=true"]).validate()
     apply_overrides(TrainConfig(), [*base, "strategy=mcmc"]).validate()
-    with pytest.raises(ValueError, match=r"camera_mode must be one of \['undistort', 'native'\]"):
+    with pytest.raises(ValueError, match=r"camera_mode must be one of \['undistort', 'native', "
+                                         r"'pinhole'\]"):
         load_dataset(".", camera_mode="raw")

@@ -16,6 +16,7 @@ from tilesplat.cli import main
 from tilesplat.io.images import read_image
 from tilesplat.train.config import TrainConfig, apply_overrides
 from tilesplat.train.loop.flythrough import render_flythrough
+from tilesplat.train.loop.lens_view import capture_frame
 from tilesplat.train.loop.run import train_run
 
 
@@ -78,3 +79,44 @@ def test_flythrough_through_the_lens_or_a_pinhole(native_run, tmp_path):
     a = read_image(tmp_path / "lens" / "frame_00000.png")
     b = read_image(tmp_path / "pin" / "frame_00000.png")
     assert a.shape[:2] == (H, W) and b.shape[:2] == (60, 81)
+
+
+def test_viewer_render_mode_through_the_capture_lens(native_run):
+    from tilesplat.cli.view import capture_lens
+    from tilesplat.train.loop.run import load_run
+    from tilesplat.train.rundir.evaluate import render_frame
+    from tilesplat.viewer.scene import render_view
+
+    run_dir, _ = native_run
+    lens = capture_lens(str(run_dir))
+    assert lens is not None and lens.camera_model == "pinhole"
+    assert set(lens.coeffs) == {"radial_coeffs", "tangential_coeffs"}
+    assert capture_lens(str(run_dir / "metrics.json")) is None  # not a run
+    cfg, params, _ = load_run(run_dir)
+    frame = capture_frame(run_dir)
+    K = lens.intrinsics(W, H)  # at the capture's own size: its own intrinsics
+    np.testing.assert_allclose(K, frame.K.double().numpy(), rtol=1e-6)
+    shown = render_view(params, frame.viewmat.double().numpy(), K, W, H,
+                        background=(0.0, 0.0, 0.0), lens=lens)
+    want = render_frame(params, frame, cfg, (0.0, 0.0, 0.0))
+    diff = np.abs(shown.astype(int) - (want.numpy() * 255.0 + 0.5).astype(int))
+    assert diff.max() <= 1
+    # a wider canvas keeps square pixels and the capture's centre in the middle
+    K2 = lens.intrinsics(2 * W, 3 * H)
+    assert K2[0, 0] == pytest.approx(2 * K[0, 0]) and K2[1, 1] == pytest.approx(2 * K[1, 1])
+    assert K2[1, 2] == pytest.approx(2 * K[1, 2] + 0.5 * (3 * H - 2 * H))
+
+
+def test_a_native_run_seen_through_a_pinhole_is_rendered_by_3dgut(native_run):
+    from tilesplat.data.native import zero_lens
+    from tilesplat.train.features.camera_mode import pinhole_mode
+    from tilesplat.train.loop.run import load_run
+    from tilesplat.train.rundir.scene import load_scene
+
+    run_dir, _ = native_run
+    cfg, _, _ = load_run(run_dir)
+    assert pinhole_mode(cfg) == "pinhole"
+    assert pinhole_mode(cfg.replace(camera_mode="undistort", strategy="default")) == "undistort"
+    ds = load_scene(cfg, lambda _: None, pinhole_mode(cfg))
+    f = ds.test[0]
+    assert (f.width, f.height) == (81, 60) and f.lens == zero_lens("pinhole")

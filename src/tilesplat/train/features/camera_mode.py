@@ -6,8 +6,8 @@
   and nerfstudio's distortion parameters as gsplat's coefficients); the frames carry the lens,
   the batch's cameras carry it (``models.base.Cameras.lens``) and the model kind renders
   through it with 3DGUT (``rasterization(with_ut=True, with_eval3d=True, radial_coeffs=...)``),
-  the step, the evaluation and the renders alike. Undistorted pinhole and equidistant cameras
-  render as they do in the default mode.
+  the step, the evaluation and the renders alike; its undistorted pinhole and equidistant
+  cameras render through 3DGUT too, with a zero lens (``data/native.py``).
 
 3DGUT as gsplat has it asks of the run (:func:`errors`): ``strategy = "mcmc"`` (its
 rasterizer evaluates the Gaussians in 3D, so the screen-space means that the default
@@ -56,9 +56,11 @@ def errors(cfg: TrainConfig) -> list[str]:
 seams.register_keys("camera mode (train/features/camera_mode.py)", KEYS, errors)
 
 
-def through_pinhole(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` whose dataset loads through a pinhole (``tilesplat render / eval --pinhole``,
-    the flythrough's ``pinhole``): each distorted camera as ``camera_mode = "undistort"`` makes
-    it, a pinhole (an equidistant fisheye for a lens more than 60 degrees off axis at its
-    border, ``data/undistort.py``) with the undistorted images and masks."""
-    return cfg.replace(camera_mode="undistort")
+def pinhole_mode(cfg: TrainConfig) -> str:
+    """The loaders' camera mode that shows ``cfg``'s run through a pinhole (``tilesplat render
+    / eval --pinhole``, the flythrough's ``pinhole``): each distorted camera as ``camera_mode =
+    "undistort"`` makes it, a pinhole (an equidistant fisheye for a lens more than 60 degrees
+    off axis at its border, ``data/undistort.py``) with the undistorted images and masks,
+    rendered as the run was trained (a native run through 3DGUT: ``data/native.py``'s
+    ``pinhole``)."""
+    return "pinhole" if cfg.camera_mode == "native" else "undistort"

@@ -31,7 +31,7 @@ from ...data.trajectory import camera_path, check_path_request
 from ...io.atomic import atomic_path
 from ...io.images import to_uint8, write_png
 from ..features.base import checkpoint_features, trained_dataset
-from ..features.camera_mode import through_pinhole
+from ..features.camera_mode import pinhole_mode
 from ..models import Cameras, model_kind
 from ..models.base import lens_to
 from ..step.device import training_device
@@ -121,7 +121,7 @@ def render_flythrough(
 ) -> Flythrough:
     """Render ``frames`` views of a run's newest checkpoint along camera path ``path`` into an
     mp4 and/or a folder of PNGs, through the first training camera's lens (with ``pinhole``:
-    through its undistorted camera, :func:`..features.camera_mode.through_pinhole`).
+    through its undistorted camera, :func:`..features.camera_mode.pinhole_mode`).
 
     Raises:
         FileNotFoundError: no run folder, or one without a checkpoint (no model).
@@ -132,9 +132,8 @@ def render_flythrough(
 
     check_request(path, frames, mp4, png_dir, fps, batch)
     cfg, params, ckpt = load_run(run_dir)
-    cfg = through_pinhole(cfg) if pinhole else cfg
     # the training cameras as the run learned them (pose_opt: their refined poses)
-    scene = load_scene(cfg, log)
+    scene = load_scene(cfg, log, pinhole_mode(cfg) if pinhole else None)
     dataset = trained_dataset(checkpoint_features(cfg, scene, ckpt), scene)
     if not dataset.train:
         raise ValueError(f"{run_dir}: the run's dataset has no training views to fly around")

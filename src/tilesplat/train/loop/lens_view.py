@@ -1,11 +1,13 @@
-"""``tilesplat eval --pinhole``: a run scored through a pinhole instead of the capture's lens.
+"""``tilesplat eval --pinhole``: a run scored through a pinhole instead of the capture's lens;
+the capture's lens of a native run for ``tilesplat view``'s render mode (:func:`capture_frame`).
 
 A run trained with ``camera_mode = "native"`` renders and scores its views through each
 capture's own lens (the full image). ``--pinhole`` loads the views as ``camera_mode =
-"undistort"`` makes them (:func:`.features.camera_mode.through_pinhole`: undistorted images,
-pinhole cameras) and scores the model on those, which puts a native run and an undistorted one
-on the same pixels. The numbers go to ``metrics_pinhole.json`` beside the run's own
-``metrics.json`` (left as it is), the renders (``save_renders``) to ``renders/SPLIT_pinhole``.
+"undistort"`` makes them (:func:`.features.camera_mode.pinhole_mode`: undistorted images,
+pinhole cameras, rendered through 3DGUT as the run was trained) and scores the model on those,
+which puts a native run and an undistorted one on the same pixels. The numbers go to
+``metrics_pinhole.json`` beside the run's own ``metrics.json`` (left as it is), the renders
+(``save_renders``) to ``renders/SPLIT_pinhole``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...data.frames import Frame
 from ...io.atomic import atomic_write_bytes
 from ...io.json_file import strict_json_bytes
 from ..features.base import checkpoint_features, trained_dataset
-from ..features.camera_mode import through_pinhole
+from ..features.camera_mode import pinhole_mode
+from ..rundir.checkpoint import latest_checkpoint, open_checkpoint
 from ..rundir.evaluate import METRICS, evaluate
 from ..rundir.scene import load_scene
 from .run import Log, load_run
@@ -29,8 +33,7 @@ def evaluate_pinhole(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
     through the undistorted cameras; writes and returns ``metrics_pinhole.json``'s numbers."""
     run_dir = Path(run_dir)
     cfg, params, ckpt = load_run(run_dir)
-    cfg = through_pinhole(cfg)
-    dataset = load_scene(cfg, log)
+    dataset = load_scene(cfg, log, pinhole_mode(cfg))
     dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     split = "test" if dataset.test else "train"
     frames = dataset.test or dataset.train
@@ -44,3 +47,20 @@ def evaluate_pinhole(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
     }  # fmt: skip
     atomic_write_bytes(run_dir / METRICS_FILE, strict_json_bytes(metrics)[0])
     return metrics
+
+
+def capture_frame(source: str | Path) -> Frame | None:
+    """The first training view with a lens of a run (folder or checkpoint) trained with
+    ``camera_mode = "native"`` (its dataset loaded), or None: another camera mode, a capture
+    without distortion, or a source that is no tilesplat run (a splat file, gsplat's)."""
+    path = Path(source)
+    if not (path.is_dir() and (path / "checkpoints").is_dir()) and path.suffix != ".pt":
+        return None
+    try:
+        run = open_checkpoint(latest_checkpoint(path) if path.is_dir() else path)
+    except (FileNotFoundError, ValueError):
+        return None
+    if run.cfg.camera_mode != "native":
+        return None
+    dataset = load_scene(run.cfg, lambda _: None)
+    return next((f for f in dataset.train if f.lens is not None), None)
