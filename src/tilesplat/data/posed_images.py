@@ -112,7 +112,7 @@ def quantised(image: np.ndarray) -> np.ndarray:
 def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log,
                camera_mode: str = "undistort") -> list[Frame]:
     """The frames of ``shots`` (same order), undistorted where their cameras need it; with
-    ``camera_mode = "native"`` a distorted camera keeps its lens (:func:`.lens.native_plan`).
+    ``camera_mode = "native"`` a distorted camera keeps its lens (:func:`.native.native_plan`).
 
     Raises:
         FileNotFoundError / ValueError: a missing or unreadable image or mask, a size that
