@@ -212,9 +212,10 @@ def test_camera_models(tmp_path, model, camera, kind, remapped):
         assert f.K[0, 0] == 20.0 and f.K[0, 2] == 8.0
 
 
-@pytest.mark.parametrize("model_name", ["THIN_PRISM_FISHEYE", "EQUIRECTANGULAR", "DIVISION"])
+@pytest.mark.parametrize("model_name", ["RAD_TAN_THIN_PRISM_FISHEYE", "EQUIRECTANGULAR",
+                                        "DIVISION"])
 def test_unsupported_camera_models_are_refused_by_name(tmp_path, model, model_name):
-    n = {"THIN_PRISM_FISHEYE": 12, "EQUIRECTANGULAR": 2, "DIVISION": 5}[model_name]
+    n = {"RAD_TAN_THIN_PRISM_FISHEYE": 16, "EQUIRECTANGULAR": 2, "DIVISION": 5}[model_name]
     _make(tmp_path, model, cameras=[(1, model_name, W, H, [20.0, 8.0, 6.0] + [0.0] * (n - 3)
                                      if n > 3 else [W, H])], fmt="txt")
     with pytest.raises(ValueError, match=rf"cameras\.txt: camera 1.*{model_name} is not supported"):

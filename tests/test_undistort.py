@@ -203,13 +203,13 @@ def test_a_load_that_fails_half_way_leaves_no_cache(capture, tmp_path):
     assert sorted(data.rglob("*")) == before and not (data / FOLDER).exists()
 
 
-@pytest.mark.parametrize("model", ["THIN_PRISM_FISHEYE", "EQUIRECTANGULAR"])
+@pytest.mark.parametrize("model", ["RAD_TAN_THIN_PRISM_FISHEYE", "EQUIRECTANGULAR"])
 def test_unknown_camera_models_are_refused_by_name(capture, tmp_path, model):
     data = tmp_path / "sr"
     shutil.copytree(capture, data, ignore=shutil.ignore_patterns(FOLDER))
     cams = data / "sparse" / "0" / "cameras.txt"
     lines = cams.read_text().splitlines()
-    n = {"THIN_PRISM_FISHEYE": 12, "EQUIRECTANGULAR": 2}[model]
+    n = {"RAD_TAN_THIN_PRISM_FISHEYE": 16, "EQUIRECTANGULAR": 2}[model]
     lines[-1] = " ".join(["1", model, str(W), str(H)] + ["0.1"] * n)
     cams.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=rf"cameras\.txt: camera 1: the camera model {model} is "

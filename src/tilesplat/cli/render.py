@@ -18,7 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="which views (default: test)",
     )
-    parser.add_argument("--out", metavar="DIR", help="output folder (default: RUN/renders/SPLIT)")
+    parser.add_argument("--out", metavar="DIR", help="output folder (default: RUN/renders/SPLIT, "
+                        "with --pinhole RUN/renders/SPLIT_pinhole)")
+    parser.add_argument(
+        "--pinhole", action="store_true",
+        help="a run trained with camera_mode = native renders through each capture's own lens; "
+        "--pinhole renders through the undistorted camera instead (a pinhole; an equidistant "
+        "fisheye for a lens more than 60 degrees off axis), as camera_mode = undistort loads it "
+        "(docs/data.md); also for --path")
     fly = parser.add_argument_group(
         "flythrough", "a camera path computed from the training cameras (docs/training.md)"
     )
@@ -44,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--mp4 and --png-dir write a flythrough: give --path too")
         from ..train.loop.run import render_run
 
-        folder = render_run(args.run_dir, split=args.split or "test", out_dir=args.out)
+        folder = render_run(args.run_dir, split=args.split or "test", out_dir=args.out,
+                            pinhole=args.pinhole)
         print(f"renders written to {folder}")
         return 0
     if args.split or args.out:
@@ -52,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from ..train.loop.flythrough import render_flythrough
 
     fly = render_flythrough(args.run_dir, path=args.path, frames=args.frames, mp4=args.mp4,
-                            png_dir=args.png_dir, fps=args.fps, batch=args.batch)
+                            png_dir=args.png_dir, fps=args.fps, batch=args.batch,
+                            pinhole=args.pinhole)
     where = [str(p) for p in (fly.mp4, fly.png_dir) if p is not None]
     print(f"{fly.frames} frames of {fly.width} x {fly.height} along the {args.path} path "
           f"written to {' and '.join(where)}")

@@ -5,6 +5,10 @@ in the browser."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..viewer.lens import ViewLens
 
 COMMAND = "view"
 HELP = ("view a run, checkpoint or splat file (.ply, .compressed.ply, .splat, .spz, .sog, "
@@ -43,6 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PX",
         help="render mode: longer side of a still frame in pixels (default 640)",
     )
+    parser.add_argument(
+        "--pinhole",
+        action="store_true",
+        help="render mode shows a run trained with camera_mode = native through its capture's "
+        "lens (the first training camera's, scaled to the browser; the panel's camera choice "
+        "switches); --pinhole starts with a pinhole of the browser's field of view instead",
+    )
+
+
+def capture_lens(source: str) -> ViewLens | None:
+    """The lens of a tilesplat run trained with ``camera_mode = "native"`` (its first
+    training camera with one; loading the run's dataset), None for any other source."""
+    from ..train.loop.lens_view import capture_frame
+    from ..viewer.lens import ViewLens
+
+    frame = capture_frame(source)
+    if frame is None or frame.lens is None:
+        return None
+    return ViewLens(frame.camera_model, frame.lens.coeffs(), frame.K.double().numpy(),
+                    frame.width, frame.height)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     for note in model.notes:
         print(f"note: {note}")
     print(f"loaded {model.source}")
+    lens = capture_lens(args.source) if args.mode == "render" else None
+    if lens is not None:
+        print(f"render mode: through the capture's {lens.camera_model} lens"
+              + (" (--pinhole: the panel's camera starts on pinhole)" if args.pinhole else ""))
     server = ViewServer(
         model.gaussians,
         mode=args.mode,
@@ -66,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         max_side=args.max_side,
         antialiased=model.antialiased,
+        lens=lens,
+        pinhole=args.pinhole,
     )
     print("Ctrl-C stops the viewer")
     server.serve_forever()

@@ -253,11 +253,13 @@ def load_blender(
     test_every: int = -1,
     masks_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    camera_mode: str = "undistort",
 ) -> SceneDataset:
     """Load a Blender / NeRF-synthetic dataset (see the module docstring for the layout).
 
     Without ``transforms_test.json``, the train frames are split every ``test_every``-th
-    (-1: every 8th). ``log`` gets the decoding's progress lines.
+    (-1: every 8th). ``log`` gets the decoding's progress lines. ``camera_mode`` is unused
+    (Blender's cameras are pinholes).
     """
     root = Path(path)
     background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)

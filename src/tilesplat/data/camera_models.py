@@ -32,6 +32,7 @@ MODELS: dict[str, tuple[int, tuple[str, ...]]] = {
     "OPENCV": (2, ("k1", "k2", "p1", "p2")),
     "FULL_OPENCV": (2, ("k1", "k2", "p1", "p2", "k3", "k4", "k5", "k6")),
     "OPENCV_FISHEYE": (2, ("k1", "k2", "k3", "k4")),
+    "THIN_PRISM_FISHEYE": (2, ("k1", "k2", "p1", "p2", "k3", "k4", "sx1", "sy1")),
     "SIMPLE_RADIAL_FISHEYE": (1, ("k",)),
     "RADIAL_FISHEYE": (1, ("k1", "k2")),
     "FOV": (2, ("omega",)),
@@ -43,8 +44,8 @@ PINHOLE_MODELS = ("SIMPLE_PINHOLE", "PINHOLE")
 PERSPECTIVE_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV",
                       "FULL_OPENCV")
 # distort the equidistant point (theta x / r, theta y / r)
-FISHEYE_MODELS = ("OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE", "SIMPLE_FISHEYE",
-                  "FISHEYE")
+FISHEYE_MODELS = ("OPENCV_FISHEYE", "THIN_PRISM_FISHEYE", "SIMPLE_RADIAL_FISHEYE",
+                  "RADIAL_FISHEYE", "SIMPLE_FISHEYE", "FISHEYE")
 # the models whose zero-distortion limit is the rasterizer's equidistant fisheye
 EQUIDISTANT_MODELS = FISHEYE_MODELS
 
@@ -105,6 +106,11 @@ def _radial_tangential(u: np.ndarray, v: np.ndarray, k: np.ndarray, model: str):
         radial = (1 + k1 * r2 + k2 * r4 + k3 * r6) / (1 + k4 * r2 + k5 * r4 + k6 * r6)
         return (u * radial + 2 * p1 * u * v + p2 * (r2 + 2 * u * u) - u,
                 v * radial + 2 * p2 * u * v + p1 * (r2 + 2 * v * v) - v)
+    if model == "THIN_PRISM_FISHEYE":  # of the equidistant point, as COLMAP's
+        k1, k2, p1, p2, k3, k4, sx1, sy1 = k
+        radial = r2 * (k1 + r2 * (k2 + r2 * (k3 + r2 * k4)))
+        return (u * radial + 2 * p1 * u * v + p2 * (r2 + 2 * u * u) + sx1 * r2,
+                v * radial + 2 * p2 * u * v + p1 * (r2 + 2 * v * v) + sy1 * r2)
     if model not in ("OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE"):
         return np.zeros_like(u), np.zeros_like(v)  # pinhole, equidistant: no distortion
     # a polynomial in theta^2 (u, v are the equidistant point here)

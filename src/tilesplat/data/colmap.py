@@ -8,8 +8,9 @@ as COLMAP's ``image_undistorter`` would; fisheye ones (``OPENCV_FISHEYE``,
 ``SIMPLE_RADIAL_FISHEYE``, ``RADIAL_FISHEYE``, ``FOV``, ``SIMPLE_FISHEYE``, ``FISHEYE``)
 trained with the rasterizer's fisheye camera, undistorted first when their distortion is
 beyond it (:mod:`.undistort` says what each camera becomes; the undistorted images are cached
-in ``tilesplat_cache/``). Other models (thin-prism, division, EUCM, equirectangular) are
-refused with their name.
+in ``tilesplat_cache/``); ``THIN_PRISM_FISHEYE`` as the other fisheyes. With ``camera_mode =
+"native"`` a distorted camera keeps its own lens and full image instead (:mod:`.lens`).
+Other models (division, EUCM, equirectangular, ...) are refused with their name.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def load_colmap(
     test_every: int = -1,
     masks_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    camera_mode: str = "undistort",
 ) -> SceneDataset:
     """Load a COLMAP dataset (see the module docstring); ``white_background`` is unused (the
     images are taken as they are).
@@ -85,6 +87,8 @@ def load_colmap(
     every 8th; 0: none). With ``downscale`` N, images come from ``images_N/`` when it exists,
     else are resized. Masks come from ``masks_dir`` when given, else from ``masks/`` when the
     dataset has one. ``log`` gets one line per camera saying how it is trained.
+    ``camera_mode``: ``undistort`` (as above) or ``native`` (a distorted camera keeps its lens
+    and full image, :mod:`.lens`).
     """
     root = Path(path)
     log = log or (lambda _: None)
@@ -130,7 +134,7 @@ def load_colmap(
     tr, te = split_every([f"{i:09d}" for i in range(len(shots))], every)
     if not tr:
         raise ValueError(f"{root}: no train images left after the test split (test_every=1)")
-    frames = load_shots(shots, root, downscale, log)
+    frames = load_shots(shots, root, downscale, log, camera_mode)
     seen = tracks.of_image()  # the sparse points each image sees (the depth prior's)
     frames = [dataclasses.replace(f, point_ids=_point_ids(seen.get(im.image_id), len(xyz)))
               for f, im in zip(frames, ordered, strict=True)]

@@ -26,6 +26,7 @@ from .frames import (
     split_every,
 )
 from .image_cache import configure as configure_image_cache
+from .native import LOAD_MODES
 
 __all__ = [
     "LAYOUTS",
@@ -45,7 +46,7 @@ __all__ = [
 class Layout:
     """A dataset layout: how its folder is recognised, what it holds (for the error message),
     and the reader module ``data/<module>.py``, whose ``load_<module>(path, *, downscale,
-    white_background, test_every, masks_dir, log)`` loads it."""
+    white_background, test_every, masks_dir, log, camera_mode)`` loads it."""
 
     name: str
     matches: Callable[[Path], bool]
@@ -102,6 +103,7 @@ def load_dataset(
     masks_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
     image_cache_mb: float = 0.0,
+    camera_mode: str = "undistort",
 ) -> SceneDataset:
     """Load a Blender / NeRF-synthetic, nerfstudio or COLMAP dataset, detecting the layout.
 
@@ -122,14 +124,20 @@ def load_dataset(
         image_cache_mb: the bound of the process's decoded-image cache in megabytes
             (:mod:`.image_cache`); 0: automatic, a quarter of the available memory. The
             frames' images are decoded again when the cache has dropped them.
+        camera_mode: ``undistort`` (distorted cameras undistorted on load, :mod:`.undistort`),
+            ``native`` (each keeps its lens and full image, rendered through 3DGUT:
+            :mod:`.lens`) or ``pinhole`` (undistorted on load, rendered through 3DGUT:
+            :mod:`.native`).
     """
     if not isinstance(downscale, int) or downscale < 1:
         raise ValueError(f"downscale must be an integer >= 1, got {downscale!r}")
     if not isinstance(test_every, int) or test_every < -1:
         raise ValueError(f"test_every must be an integer >= -1, got {test_every!r}")
+    if camera_mode not in LOAD_MODES:
+        raise ValueError(f"camera_mode must be one of {list(LOAD_MODES)}, got {camera_mode!r}")
     configure_image_cache(image_cache_mb)
     dataset = _layout(Path(path)).load(
         path, downscale=downscale, white_background=white_background, test_every=test_every,
-        masks_dir=masks_dir or None, log=log,
+        masks_dir=masks_dir or None, log=log, camera_mode=camera_mode,
     )
     return check_finite_scene(dataset, path)  # before any run folder is made

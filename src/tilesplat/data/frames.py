@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from PIL import Image
 from ..io.images import open_image
 from .image_cache import image_to_tensors as image_to_tensors  # re-exported (dataset)
 from .pixels import HeldPixels, MaskBits, Pixels
+
+if TYPE_CHECKING:
+    from .lens import Lens
 
 MASK_SUFFIX = ".png"
 
@@ -48,6 +52,9 @@ class Frame:
         point_ids: [P_i] int64, the rows of :attr:`SceneDataset.points` this image sees
             (COLMAP: the points whose track holds the image), or None when the source says
             nothing of it (the depth prior, ``train/features/depth_loss.py``, then finds them).
+        lens: the capture's own lens (``camera_mode = "native"``, :mod:`.lens`: gsplat's
+            distortion coefficients of ``camera_model``, rendered through 3DGUT), or None for
+            the plain pinhole or equidistant fisheye of ``K``.
 
     ``Frame(name, viewmat, K, width, height, image, alpha, mask, ...)`` makes a frame that
     holds its tensors; ``dataclasses.replace(frame, image=...)`` replaces them (the alpha
@@ -64,6 +71,7 @@ class Frame:
     mask_bits: MaskBits | None
     camera_model: str
     point_ids: torch.Tensor | None
+    lens: Lens | None
 
     def __init__(
         self,
@@ -80,8 +88,9 @@ class Frame:
         *,
         pixels: Pixels | None = None,
         mask_bits: MaskBits | None = None,
+        lens: Lens | None = None,
     ) -> None:
-        self.name, self.viewmat, self.K = name, viewmat, K
+        self.name, self.viewmat, self.K, self.lens = name, viewmat, K, lens
         self.width, self.height = width, height
         self.camera_model, self.point_ids = camera_model, point_ids
         if image is not None:

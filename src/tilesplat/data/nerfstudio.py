@@ -198,11 +198,13 @@ def load_nerfstudio(
     test_every: int = -1,
     masks_dir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    camera_mode: str = "undistort",
 ) -> SceneDataset:
     """Load a nerfstudio dataset (see the module docstring); ``white_background`` is unused.
 
     ``masks_dir``, when given, replaces the frames' ``mask_path``: the mask of ``images/a.png``
-    is ``<masks_dir>/a.png.png`` or ``<masks_dir>/a.png``.
+    is ``<masks_dir>/a.png.png`` or ``<masks_dir>/a.png``. ``camera_mode``: ``undistort``
+    or ``native`` (an OPENCV or OPENCV_FISHEYE lens kept, :mod:`.lens`).
     """
     root = Path(path)
     log = log or (lambda _: None)
@@ -271,7 +273,7 @@ def load_nerfstudio(
             points = torch.from_numpy(xyz).float()
             rgb = (torch.from_numpy(colours.astype(np.float32) / 255.0) if colours is not None
                    else torch.full((len(xyz), 3), 0.5))
-    loaded = load_shots(shots, root, downscale, log)
+    loaded = load_shots(shots, root, downscale, log, camera_mode)
     train, test = [loaded[i] for i in tr], [loaded[i] for i in te]
     centers = np.stack([f.camera_center.double().numpy() for f in train])
     center = centers.mean(0)

@@ -24,8 +24,9 @@ import torch
 from ..io.images import decode_image, image_size, resize_image, to_float
 from .frames import Frame, read_mask
 from .image_cache import CACHE, StoredImage, decode_all, new_key
+from .native import planner
 from .pixels import LazyPixels, MaskBits
-from .undistort import Camera, Plan, Remap, plan
+from .undistort import Camera, Plan, Remap
 from .undistort_cache import UndistortCache, file_stamp
 
 Log = Callable[[str], None]
@@ -108,13 +109,16 @@ def quantised(image: np.ndarray) -> np.ndarray:
     return np.rint(image * np.float32(255.0)).astype(np.uint8)
 
 
-def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log) -> list[Frame]:
-    """The frames of ``shots`` (same order), undistorted where their cameras need it.
+def load_shots(shots: list[Shot], root: Path, downscale: int, log: Log,
+               camera_mode: str = "undistort") -> list[Frame]:
+    """The frames of ``shots`` (same order), undistorted where their cameras need it; with
+    ``camera_mode = "native"`` a distorted camera keeps its lens (:func:`.native.native_plan`).
 
     Raises:
         FileNotFoundError / ValueError: a missing or unreadable image or mask, a size that
             does not match the camera, an unsupported camera model (each naming the file).
     """
+    plan = planner(camera_mode)
     sources = [_source(s, downscale) for s in shots]
     plans: dict[Camera, Plan] = {}
     for _, _, _, cam in sources:
@@ -217,7 +221,8 @@ def _load_frames(shots: list[Shot], sources: list, plans: dict[Camera, Plan],
             height=size[1],
             pixels=LazyPixels(decoder.image, size, has_alpha, key=key),
             mask_bits=MaskBits.of(keep),
-            camera_model=p.target.camera_model,
+            camera_model=p.lens.camera_model if p.lens is not None else p.target.camera_model,
+            lens=p.lens,
         ))
     return frames
 

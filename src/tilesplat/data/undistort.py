@@ -30,11 +30,15 @@ mask, which the dataset turns into the frame's training mask.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from . import camera_models as cm
+
+if TYPE_CHECKING:
+    from .lens import Lens
 
 NEGLIGIBLE_PX = 0.1  # distortion that moves no pixel further than this is left as it is
 PINHOLE_MAX_DEGREES = 60.0  # a wider fisheye stays a fisheye (tan 60 deg = 1.7 x the focal)
@@ -83,13 +87,15 @@ class Camera:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a camera trains as: ``target`` (PINHOLE or FISHEYE), whether its images are
-    remapped, and the line that says so."""
+    """What a camera trains as: ``target`` (PINHOLE or FISHEYE; the source itself when
+    trained through its ``lens``, :mod:`.lens`), whether its images are remapped, and the
+    line that says so."""
 
     source: Camera
     target: Camera
     remap: bool
     note: str
+    lens: Lens | None = None
 
 
 def _ideal(model: str, cam: Camera) -> Camera:

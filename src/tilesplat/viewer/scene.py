@@ -20,6 +20,7 @@ from torch import Tensor
 from ..io.gaussians import SPLAT_KEYS
 from ..rendering import rasterization
 from ..sh_rgb import sh0_to_rgb
+from .lens import ViewLens
 
 VIEW_MODES = ("RGB", "depth", "alpha")
 Gaussians = dict[str, Tensor]
@@ -142,8 +143,10 @@ def render_view(
     backend: str = "auto",
     background: Sequence[float] = (1.0, 1.0, 1.0),
     antialiased: bool = False,
+    lens: ViewLens | None = None,
 ) -> np.ndarray:
-    """tilesplat's render of one camera, view-dependent colour at the model's SH degree.
+    """tilesplat's render of one camera, view-dependent colour at the model's SH degree;
+    through a capture's ``lens`` (3DGUT) when given, else a pinhole.
 
     ``mode`` RGB: the colour composited on ``background``; depth: expected depth, nearest
     white to farthest black (0.5th-99.5th percentile of covered pixels), background black;
@@ -172,6 +175,7 @@ def render_view(
         render_mode=render_mode,
         rasterize_mode="antialiased" if antialiased else "classic",
         backend=backend,
+        **({} if lens is None else lens.render_kwargs()),
     )
     if mode == "RGB":
         image = out[0].clamp(0.0, 1.0)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..constants import BACKENDS
+from .lens import CAMERAS, ViewLens
 from .scene import (
     VIEW_MODES,
     Gaussians,
@@ -96,6 +97,9 @@ class ViewServer:
         backend: render mode's rasterization backend (changeable in the panel).
         background: RGB in [0, 1] behind the model in render mode.
         max_side: render mode's full resolution: the longer image side in pixels.
+        lens: render mode: the capture's lens to show the model through (``viewer/lens.py``;
+            the panel's ``camera`` switches to a pinhole, and starts on it with ``pinhole``),
+            or None (a pinhole).
         log: where the URL lines go.
     """
 
@@ -109,6 +113,8 @@ class ViewServer:
         background: tuple[float, float, float] = (1.0, 1.0, 1.0),
         max_side: int = 640,
         antialiased: bool = False,
+        lens: ViewLens | None = None,
+        pinhole: bool = False,
         log: Callable[[str], None] = print,
     ) -> None:
         if mode not in MODES:
@@ -119,6 +125,7 @@ class ViewServer:
         self.gaussians = gaussians
         self.background = background
         self.antialiased = antialiased
+        self.lens, self._pinhole = lens, pinhole
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._views: dict[int, _ClientView] = {}
@@ -157,8 +164,11 @@ class ViewServer:
         side = int(max_side)  # the slider's range always holds the starting value
         self.max_side = gui.add_slider("resolution", min(64, side), max(2048, side), 16, side)
         self.backend = gui.add_dropdown("backend", BACKENDS, initial_value=backend)
+        cameras = CAMERAS if self.lens else CAMERAS[1:]
+        self.camera = gui.add_dropdown("camera", cameras,
+                                       initial_value=cameras[-1] if self._pinhole else cameras[0])
         self.stats = gui.add_markdown(f"**{n} Gaussians**, rendered by tilesplat")
-        for handle in (self.view_mode, self.max_side, self.backend):
+        for handle in (self.view_mode, self.max_side, self.backend, self.camera):
             handle.on_update(lambda _: self._touch_all())
 
     def _touch_all(self) -> None:
@@ -246,16 +256,19 @@ class ViewServer:
             width = max(1, round(width * MOVING_SCALE))
             height = max(1, round(height * MOVING_SCALE))
         t0 = time.perf_counter()
+        capture = self.lens is not None and str(self.camera.value) == CAMERAS[0]
+        lens = self.lens if capture or self.lens is None else self.lens.zero()
         image = render_view(
             self.gaussians,
             viewmat_from_pose(wxyz, position),
-            intrinsics(fov, width, height),
+            lens.intrinsics(width, height) if capture else intrinsics(fov, width, height),
             width,
             height,
             mode=str(self.view_mode.value),
             backend=str(self.backend.value),
             background=self.background,
             antialiased=self.antialiased,
+            lens=lens,
         )
         ms = 1000.0 * (time.perf_counter() - t0)
         view.client.scene.set_background_image(

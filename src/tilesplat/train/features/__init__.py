@@ -8,6 +8,7 @@ seam itself is :mod:`.base`.
 from . import (  # noqa: F401  (each registers itself)
     appearance,
     averaging,
+    camera_mode,
     depth_loss,
     early_stop,
     pose_align,

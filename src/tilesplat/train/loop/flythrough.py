@@ -1,12 +1,15 @@
 """A flythrough of a trained run: ``tilesplat render RUN --path ellipse|spiral|interp``.
 
 The camera path comes from the run's training cameras (``data/trajectory.py``); the frames
-take the first training camera's intrinsics, size and camera model. They are rendered in
-batches of ``batch`` cameras at once on the run's backend and device (as ``tilesplat eval``
-renders), quantised as the PNG renders are (``io.images.to_uint8``), and written as they come:
-PNG files ``frame_00000.png``, ... and/or an H.264 mp4 (yuv420p, the pixel format every player
-opens), encoded by the ffmpeg binary of the imageio-ffmpeg wheel, into a temporary file renamed
-over the destination at the end. No more than one batch of frames is held in memory.
+take the first training camera's intrinsics, size, camera model and lens (a run trained with
+``camera_mode = "native"`` flies through the capture's lens; ``pinhole``, ``tilesplat render
+--path ... --pinhole``, through the pinhole that the undistortion makes of it instead). They
+are rendered in batches of ``batch`` cameras at once on the run's backend and device (as
+``tilesplat eval`` renders), quantised as the PNG renders are (``io.images.to_uint8``), and
+written as they come: PNG files ``frame_00000.png``, ... and/or an H.264 mp4 (yuv420p, the
+pixel format every player opens), encoded by the ffmpeg binary of the imageio-ffmpeg wheel,
+into a temporary file renamed over the destination at the end. No more than one batch of
+frames is held in memory.
 
 H.264's 4:2:0 chroma needs even sides: a frame of odd width or height loses its last column or
 row in the mp4 (the PNGs keep the full size).
@@ -23,11 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.lens import stacked
 from ...data.trajectory import camera_path, check_path_request
 from ...io.atomic import atomic_path
 from ...io.images import to_uint8, write_png
 from ..features.base import checkpoint_features, trained_dataset
+from ..features.camera_mode import pinhole_mode
 from ..models import Cameras, model_kind
+from ..models.base import lens_to
 from ..step.device import training_device
 from .progress import Progress
 
@@ -111,9 +117,11 @@ def render_flythrough(
     batch: int = 8,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    pinhole: bool = False,
 ) -> Flythrough:
     """Render ``frames`` views of a run's newest checkpoint along camera path ``path`` into an
-    mp4 and/or a folder of PNGs.
+    mp4 and/or a folder of PNGs, through the first training camera's lens (with ``pinhole``:
+    through its undistorted camera, :func:`..features.camera_mode.pinhole_mode`).
 
     Raises:
         FileNotFoundError: no run folder, or one without a checkpoint (no model).
@@ -125,7 +133,7 @@ def render_flythrough(
     check_request(path, frames, mp4, png_dir, fps, batch)
     cfg, params, ckpt = load_run(run_dir)
     # the training cameras as the run learned them (pose_opt: their refined poses)
-    scene = load_scene(cfg, log)
+    scene = load_scene(cfg, log, pinhole_mode(cfg) if pinhole else None)
     dataset = trained_dataset(checkpoint_features(cfg, scene, ckpt), scene)
     if not dataset.train:
         raise ValueError(f"{run_dir}: the run's dataset has no training views to fly around")
@@ -138,6 +146,7 @@ def render_flythrough(
     params = {k: v.to(device) for k, v in params.items()}
     model = model_kind(cfg)
     K = first.K.float().to(device)
+    lens = lens_to(stacked([first.lens]), device)
     background = torch.tensor(dataset.background, dtype=torch.float32, device=device)
     folder = Path(png_dir) if png_dir is not None else None
     if folder is not None:
@@ -152,7 +161,9 @@ def render_flythrough(
             cams = Cameras(viewmats=views, Ks=K[None].expand(c, 3, 3).contiguous(),
                            width=first.width, height=first.height,
                            backgrounds=background[None].expand(c, 3).contiguous(),
-                           camera_model=first.camera_model)
+                           camera_model=first.camera_model,
+                           lens=None if lens is None else {k: v.expand(c, -1).contiguous()
+                                                           for k, v in lens.items()})
             colors = model.render(params, cams, cfg, sh_degree=cfg.sh_degree).colors
             for i, image in enumerate(colors.clamp(0.0, 1.0).cpu()):
                 pixels = to_uint8(image)

@@ -31,6 +31,7 @@ from .. import seams
 from ..config import TrainConfig, apply_overrides, load_config, save_config
 from ..features.averaging import served_params
 from ..features.base import checkpoint_features, trained_dataset
+from ..features.camera_mode import pinhole_mode
 from ..parallel import for_ranks, parallel_mode
 from ..rundir.checkpoint import latest_checkpoint, list_checkpoints, open_checkpoint
 from ..rundir.evaluate import evaluate
@@ -196,14 +197,17 @@ def evaluate_run(run_dir: str | Path, log: Log = print) -> dict[str, Any]:
 
 
 def render_run(
-    run_dir: str | Path, split: str = "test", out_dir: str | Path | None = None, log: Log = print
+    run_dir: str | Path, split: str = "test", out_dir: str | Path | None = None, log: Log = print,
+    pinhole: bool = False,
 ) -> Path:
-    """Render a split (``test``, ``train`` or ``all``) of a run's dataset to PNGs."""
+    """Render a split (``test``, ``train`` or ``all``) of a run's dataset to PNGs, through
+    the capture's lens as trained, or with ``pinhole`` through the undistorted cameras
+    (:func:`.features.camera_mode.pinhole_mode`; default folder ``renders/SPLIT_pinhole``)."""
     if split not in ("test", "train", "all"):
         raise ValueError(f"split must be test, train or all, got {split!r}")
     run_dir = Path(run_dir)
     cfg, params, ckpt = load_run(run_dir)
-    dataset = load_scene(cfg, log)
+    dataset = load_scene(cfg, log, pinhole_mode(cfg) if pinhole else None)
     # the training views as the run learned them (pose_opt: at their refined poses)
     dataset = trained_dataset(checkpoint_features(cfg, dataset, ckpt), dataset)
     frames = {"test": dataset.test, "train": dataset.train, "all": dataset.train + dataset.test}[
@@ -211,6 +215,7 @@ def render_run(
     ]
     if not frames:
         raise ValueError(f"the dataset has no {split} views")
-    folder = Path(out_dir) if out_dir is not None else run_dir / "renders" / split
+    folder = Path(out_dir) if out_dir is not None else (
+        run_dir / "renders" / (f"{split}_pinhole" if pinhole else split))
     evaluate(params, frames, cfg, dataset.background, out_dir=folder)
     return folder

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from ...constants import BACKWARD_SCHEMES
@@ -58,6 +59,10 @@ class Cameras:
         viewmats: [C, 4, 4] world-to-camera; Ks: [C, 3, 3] intrinsics.
         backgrounds: [C, 3], or None for black.
         camera_model: the rasterizer's ``camera_model`` of all C (``pinhole`` or ``fisheye``).
+        lens: the capture's own lens of each camera (``camera_mode = "native"``): gsplat's
+            ``radial_coeffs`` [C, 6] (pinhole) or [C, 4] (fisheye), ``tangential_coeffs``
+            [C, 2], ``thin_prism_coeffs`` [C, 4] by keyword (``data/lens.py``), rendered through
+            3DGUT (:func:`lens_args`); None: the plain camera of ``Ks``.
     """
 
     viewmats: Tensor
@@ -66,6 +71,23 @@ class Cameras:
     height: int
     backgrounds: Tensor | None
     camera_model: str = field(default="pinhole", kw_only=True)
+    lens: dict[str, Tensor] | None = field(default=None, kw_only=True)
+
+
+def lens_to(lens: dict[str, Tensor] | None, device: torch.device | str
+            ) -> dict[str, Tensor] | None:
+    """The cameras' lens coefficients on ``device``."""
+    return None if lens is None else {k: v.to(device) for k, v in lens.items()}
+
+
+def lens_args(cams: Cameras) -> dict[str, Any]:
+    """``rasterization``'s keywords that render ``cams`` through their lens: 3DGUT (the
+    unscented-transform projection and the rasterizer that evaluates each Gaussian in 3D
+    along the pixel's ray, ``with_ut`` and ``with_eval3d``) with the coefficients; none for
+    cameras without one."""
+    if cams.lens is None:
+        return {}
+    return {"with_ut": True, "with_eval3d": True, **cams.lens}
 
 
 def render_args(cams: Cameras, cfg: TrainConfig, sh_degree: int) -> dict[str, Any]:

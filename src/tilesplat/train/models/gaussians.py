@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ...rendering import rasterization
 from .. import seams
-from .base import Cameras, ModelKind, Render, render_args
+from .base import Cameras, ModelKind, Render, lens_args, render_args
 from .splats import activated
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ class Gaussians(ModelKind):
                sh_degree: int, *, step: int | None = None, absgrad: bool = False,
                distributed: bool = False, expected_depth: bool = False) -> Render:
         """:func:`tilesplat.rasterization` of the activated parameters (the same for
-        training and evaluation; ``RGB+ED`` with ``expected_depth``); the colours are not
+        training and evaluation; ``RGB+ED`` with ``expected_depth``; through the cameras'
+        lens by 3DGUT when they have one, :func:`.base.lens_args`); the colours are not
         clamped above 1."""
         colors, alphas, info = rasterization(
             **activated(params),
@@ -37,6 +38,7 @@ class Gaussians(ModelKind):
             distributed=distributed,
             camera_model=cams.camera_model,
             render_mode="RGB+ED" if expected_depth else "RGB",
+            **lens_args(cams),
         )
         if expected_depth:
             return Render(colors[..., :3], alphas, info, depths=colors[..., 3:4])

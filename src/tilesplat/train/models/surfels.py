@@ -87,10 +87,11 @@ def render_surfels(
     Raises:
         ValueError: the cameras are not pinhole (rasterization_2dgs has no fisheye).
     """
-    if cams.camera_model != "pinhole":
+    if cams.camera_model != "pinhole" or cams.lens is not None:
         raise ValueError(
-            f"model = '2dgs' renders pinhole cameras only, the dataset has {cams.camera_model} "
-            "cameras: train it with model = '3dgs'"
+            f"model = '2dgs' renders undistorted pinhole cameras only, the dataset has "
+            f"{cams.camera_model} cameras" + (" with a lens" if cams.lens is not None else "")
+            + ": train it with model = '3dgs'"
         )
     renders, alphas, normals, from_depth, distort, median, info = rasterization_2dgs(
         **activated(params),
@@ -150,7 +151,8 @@ class Surfels(ModelKind):
     @classmethod
     def config_errors(cls, cfg: TrainConfig) -> list[str]:
         """What gsplat's 2DGS trainer and ``rasterization_2dgs`` do not have: another
-        strategy, parallel training, the per-splat backward, the antialiased mode."""
+        strategy, parallel training, the per-splat backward, the antialiased mode, the
+        capture's own lens (3DGUT)."""
         bad = []
         if cfg.strategy != "default":
             bad.append(
@@ -171,6 +173,11 @@ class Surfels(ModelKind):
             bad.append(
                 "antialiased must be false with model = '2dgs' (rasterization_2dgs has no "
                 "antialiased mode), got True"
+            )
+        if cfg.camera_mode == "native":
+            bad.append(
+                "camera_mode must be 'undistort' with model = '2dgs' (rasterization_2dgs has "
+                "no 3DGUT path to render a capture through its own lens), got 'native'"
             )
         return bad
 

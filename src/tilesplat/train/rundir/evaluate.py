@@ -19,10 +19,12 @@ import torch
 from torch import Tensor
 
 from ...data.dataset import Frame
+from ...data.lens import stacked
 from ...io.images import write_png
 from ..config import TrainConfig
 from ..features.pose_align import aligned_frame
 from ..models import Cameras, Render, model_kind
+from ..models.base import lens_to
 from ..step.device import training_device
 from ..step.masks import masks_to, view_metrics
 from ..step.metrics import color_correct, psnr, ssim_metric
@@ -43,6 +45,7 @@ def render_view(
         height=frame.height,
         backgrounds=torch.tensor([list(background)], dtype=torch.float32, device=device),
         camera_model=frame.camera_model,
+        lens=lens_to(stacked([frame.lens]), device),
     )
     return model_kind(cfg).render(params, cams, cfg, sh_degree=cfg.sh_degree)
 

@@ -85,8 +85,10 @@ def resolve_data(cfg: TrainConfig, log: Log = print) -> Path:
     )
 
 
-def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
-    """The dataset the config names, loaded."""
+def load_scene(cfg: TrainConfig, log: Log = print, camera_mode: str | None = None
+               ) -> SceneDataset:
+    """The dataset the config names, loaded (``camera_mode``: the loaders' mode instead of the
+    config's, ``data/native.py``)."""
     return load_dataset(
         resolve_data(cfg, log),
         downscale=cfg.downscale,
@@ -95,6 +97,7 @@ def load_scene(cfg: TrainConfig, log: Log = print) -> SceneDataset:
         masks_dir=cfg.masks_dir,
         log=log,
         image_cache_mb=cfg.image_cache_mb,
+        camera_mode=camera_mode or cfg.camera_mode,
     )
 
 

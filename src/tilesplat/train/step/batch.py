@@ -11,9 +11,11 @@ import torch
 from torch import Tensor
 
 from ...data.dataset import Frame
+from ...data.lens import stacked
 from ...keys import Key
 from .. import seams
 from ..models import Cameras
+from ..models.base import lens_to
 from .masks import batch_masks, masks_to
 
 KEYS = (Key("random_background", False, "render on a random background each step (the target is "
@@ -49,6 +51,7 @@ class Batch(Cameras):
             target=self.target.to(device),
             masks=masks_to(self.masks, device),
             views=None if self.views is None else self.views.to(device),
+            lens=lens_to(self.lens, device),
         )
 
 
@@ -92,6 +95,7 @@ def make_batch(
     return Batch(viewmats=viewmats, Ks=Ks, width=frames[0].width, height=frames[0].height,
                  backgrounds=bg.contiguous(), target=target, camera_model=models.pop(),
                  masks=batch_masks([f.mask for f in frames]),
+                 lens=stacked([f.lens for f in frames]),
                  views=None if views is None else torch.tensor(list(views), dtype=torch.long))
 
 
