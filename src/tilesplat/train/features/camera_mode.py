@@ -12,7 +12,9 @@
 3DGUT as gsplat has it asks of the run (:func:`errors`): ``strategy = "mcmc"`` (its
 rasterizer evaluates the Gaussians in 3D, so the screen-space means that the default
 densification grows by get no gradient; gsplat supports MCMC only with 3DGUT),
-``packed = false`` and no model-parallel sharding; ``model = "2dgs"`` refuses it
+``packed = false`` and no model-parallel sharding (``rasterization`` renders both with 3DGUT;
+the trainer's steps for them do not carry the lenses yet, nor does its CUDA graph, which a
+native run does without); ``model = "2dgs"`` refuses it
 (``models/surfels.py``). When each mode pays: docs/data.md.
 """
 
@@ -46,10 +48,11 @@ def errors(cfg: TrainConfig) -> list[str]:
                    f"the screen-space means no gradient, which the {cfg.strategy!r} strategy "
                    f"densifies by; gsplat supports MCMC only with 3DGUT), got {cfg.strategy!r}")
     if cfg.packed:
-        bad.append("camera_mode = 'native' needs packed = false (3DGUT renders unpacked)")
+        bad.append("camera_mode = 'native' needs packed = false (the trainer's packed 3DGUT "
+                   "step is not tested yet)")
     if cfg.parallel == "model":
-        bad.append("camera_mode = 'native' does not train with parallel = 'model' (3DGUT's "
-                   "rasterizer needs every rank's Gaussians); use parallel = 'data'")
+        bad.append("camera_mode = 'native' does not train with parallel = 'model' yet (the "
+                   "model-parallel step does not carry the lenses); use parallel = 'data'")
     return bad
 
 

@@ -141,7 +141,8 @@ class Trainer:
         self.steps = StepRunner(self.state, self.plan, self.strategy, self.average,
                                 self.device, capacity)
         if cfg.cuda_graph and runs_cuda_kernels(cfg, self.device):
-            why_not = graph_unavailable(self.device, capacity is not None)
+            why_not = graph_unavailable(self.device, capacity is not None,
+                                        lens=cfg.camera_mode == "native")
             if why_not is not None:
                 log(f"cuda_graph: the step runs eagerly ({why_not})")
             else:  # the step as one CUDA graph (train/step/cuda_graph.py)

@@ -43,8 +43,13 @@ KEYS = (Key("cuda_graph", True, "on cuda, replay the training step as one CUDA g
 seams.register_keys("CUDA graph (train/step/cuda_graph.py)", KEYS)
 
 
-def graph_unavailable(device: torch.device, capacity_mode: bool) -> str | None:
-    """Why the step cannot run as a CUDA graph on ``device`` (None when it can)."""
+def graph_unavailable(device: torch.device, capacity_mode: bool,
+                      lens: bool = False) -> str | None:
+    """Why the step cannot run as a CUDA graph on ``device`` (None when it can); ``lens``: the
+    batches carry their cameras' lenses (``camera_mode = "native"``)."""
+    if lens:  # a captured graph would keep the lens of the batch it was captured with
+        return ("camera_mode = 'native': the batches' lens coefficients are not part of the "
+                "captured graph (not run on a GPU yet)")
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
         return "numba's CUDA simulator runs the kernels on the CPU, where there is no graph"
     if device.type != "cuda":
