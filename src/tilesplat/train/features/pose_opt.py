@@ -15,14 +15,14 @@ Two departures from gsplat, both measured on the room capture (docs/training.md)
   ``pose_opt_lr_steps`` steps (30,000, gsplat's), multiplied by ``pose_opt_lr_steps / steps``.
   How far Adam can move a camera is about rate x steps, and how far it must move does not
   depend on the run's length: gsplat's 1e-5 moved the cameras too little in 300 steps
-  (0.76 -> 0.62 degrees at 1.5e-4), its equivalent 1e-3 moves them 0.80 -> 0.28 (median).
+  (mean error 0.76 -> 0.62 degrees at 1.5e-4); the scaled 1e-3 moves them 0.76 -> 0.33.
 - **The mean correction is removed** after every step (``pose_opt_zero_mean``, in the
   cameras' own frames): the fit pulls every camera the same way, a pitch about its own x
   axis with a shift down and forward, from perfect poses too (0.28 degrees at 1e-3 and
   0.6 dB lost). The pull is no wrong gradient (the reference's ``viewmats`` gradient is the
   float64 finite difference) and no pixel-centre offset (rolled 180 degrees, with the images
   turned, every camera is pulled the other way in its own frame: the pull follows the
-  scene, whose floor is below every camera, not the image axes): it is the model's bias,
+  scene, not the image axes; every camera sees the floor below): it is the model's bias,
   which a shared correction would learn as pose error. Independent pose errors have a zero
   mean; what the removal leaves of them is their sample mean (about their size /
   sqrt(N)). The removal also holds the scene from drifting as a whole along the ring's
