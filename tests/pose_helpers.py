@@ -41,17 +41,24 @@ def centres(viewmats: torch.Tensor) -> torch.Tensor:
 
 def pose_errors(est: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
     """(mean rotation error in degrees, mean centre error) of world-to-camera matrices
-    ``est`` [N, 4, 4] against ``truth``, after moving ``est`` by the rigid motion that best
-    fits its centres to the truth's (Kabsch): the whole scene may drift in a refinement,
-    which changes no image and is no error."""
+    ``est`` [N, 4, 4] against ``truth`` (:func:`camera_errors`)."""
+    rot, centre = camera_errors(est, truth)
+    return float(rot.mean()), float(centre.mean())
+
+
+def camera_errors(est: torch.Tensor, truth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N] rotation errors in degrees, [N] centre errors) of world-to-camera matrices ``est``
+    [N, 4, 4] against ``truth``, after moving ``est`` by the rigid motion that best fits its
+    centres to the truth's (Kabsch): the whole scene may drift in a refinement, which changes
+    no image and is no error."""
     est, truth = est.double(), truth.double()
     ce, ct = centres(est), centres(truth)
     me, mt = ce.mean(0), ct.mean(0)
     u, _, vt = torch.linalg.svd((ce - me).T @ (ct - mt))
     d = torch.sign(torch.det(vt.T @ u.T))
     align = vt.T @ torch.diag(torch.tensor([1.0, 1.0, float(d)], dtype=torch.float64)) @ u.T
-    centre_err = ((ce - me) @ align.T + mt - ct).norm(dim=1).mean()
+    centre_err = ((ce - me) @ align.T + mt - ct).norm(dim=1)
     # camera-to-world rotations: truth R_t^T against the aligned align @ R_e^T
     rel = truth[:, :3, :3] @ align @ est[:, :3, :3].transpose(1, 2)
     cos = ((rel.diagonal(dim1=1, dim2=2).sum(-1) - 1.0) / 2.0).clamp(-1.0, 1.0)
-    return float(torch.rad2deg(torch.acos(cos)).mean()), float(centre_err)
+    return torch.rad2deg(torch.acos(cos)), centre_err

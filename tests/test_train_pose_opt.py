@@ -3,15 +3,17 @@
 The training views of the room capture (tilesplat.data.captures: ray cast, never splatted,
 18 train / 6 test views of 80x60, its ray-cast points as the initial Gaussians) get 0.5-1
 degree and 1 % (of the camera's distance to the object) of pose noise; the test views keep
-their true poses. 300 steps on the cpu backend at pose_opt_lr = 1.5e-4 (gsplat's 1e-5 is
-for 30k steps; measured at 300 steps: 1e-4 gains 0.26 dB, 3e-4 gains 0.62 dB but costs 0.29
-dB on perfect poses).
+their true poses. 300 steps on the cpu backend at the defaults (pose_opt_lr 1e-5 for 30,000
+steps, scaled to 1e-3 for 300; the mean correction removed after every step).
 
-Measured (this machine, deterministic on the cpu backend): noisy poses 26.13 dB without and
-26.50 dB with refinement; rotation error 0.72 -> 0.57 degrees, centre error 0.0173 -> 0.0166
-(after the best rigid alignment, see pose_helpers.pose_errors); perfect poses 27.41 dB
-without, 27.34 dB with (the refinement drifts 0.15 degrees). The margins the tests check are
-below these.
+The issue's Done-when, asserted as stated: with noisy poses the refinement recovers at least
+half of the test-PSNR gap to the clean twin (the same capture at its true poses, without
+refinement) and lowers the median rotation error at least 2x; with perfect poses it costs at
+most 0.2 dB. Measured (this machine, deterministic on the cpu backend): clean twin 27.41 dB;
+noisy 26.13 dB without, 27.12 dB with (0.77 of the gap); median rotation error 0.80 -> 0.28
+degrees, mean centre error 0.0163 -> 0.0125 (after the best rigid alignment, see
+pose_helpers.camera_errors); perfect poses 27.37 dB with (0.04 dB lost, 0.09 degrees of
+drift).
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ import torch
 from PIL import Image
 
 from capture_helpers import TEST_EVERY, TRAIN, psnr_on, shared_captures
-from pose_helpers import perturb_poses, pose_errors
+from pose_helpers import camera_errors, perturb_poses
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
+from tilesplat.rendering import rasterization
 from tilesplat.train.config import TrainConfig, apply_overrides
-from tilesplat.train.features.pose_opt import POSES_FORMAT, PoseRefinement, axis_angle_to_matrix
+from tilesplat.train.features.pose_opt import (
+    POSES_FORMAT,
+    PoseRefinement,
+    axis_angle_to_matrix,
+    correction_matrices,
+    lr_of,
+)
 from tilesplat.train.loop.run import evaluate_run, render_run, train_run
 from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.rundir.checkpoint import list_checkpoints, load_checkpoint
@@ -38,10 +47,10 @@ from tilesplat.train.rundir.evaluate import evaluate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-POSE_LR = "pose_opt_lr=1.5e-4"
 ROOM_DISTANCE = 1.85  # the capture cameras' distance to the object (room.CAMERA_RING)
-GAIN_DB = 0.2  # noisy poses: the refinement's least test-PSNR gain (measured 0.37 dB)
-LOSS_DB = 0.2  # perfect poses: the most it may cost (measured 0.07 dB)
+GAP_SHARE = 0.5  # noisy poses: the least share of the gap to the clean twin recovered (0.77)
+ROTATION_GAIN = 2.0  # noisy poses: the least factor on the median rotation error (2.9)
+LOSS_DB = 0.2  # perfect poses: the most it may cost (measured 0.04 dB)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +75,12 @@ def _train(ds, run, extra=()):
 
 def _viewmats(frames) -> torch.Tensor:
     return torch.stack([f.viewmat for f in frames])
+
+
+@pytest.fixture(scope="module")
+def clean_twin(room, tmp_path_factory):
+    """The test PSNR of the room trained at its true poses without refinement."""
+    return _train(room, tmp_path_factory.mktemp("clean"))[1]
 
 
 def test_axis_angle_matches_the_matrix_exponential_and_is_smooth_at_zero():
@@ -104,29 +119,79 @@ def test_the_corrections_get_the_rasterizers_viewmats_gradient(backend, tmp_path
     torch.testing.assert_close(g, grads["torch"], rtol=1e-3, atol=1e-6)
 
 
-def test_noisy_poses_are_refined_towards_the_truth(room, tmp_path):
+def test_the_reference_viewmats_gradient_is_the_finite_difference_one():
+    """float64, torch reference: the corrections' gradient through the whole rasterization
+    (projection, tiles, compositing) is the central finite difference of the loss: the
+    systematic pull seen before the mean was removed is not a biased gradient."""
+    gen = torch.Generator().manual_seed(0)
+    n, width, height = 60, 40, 30
+    means = (torch.rand(n, 3, generator=gen, dtype=torch.float64) - 0.5) * torch.tensor(
+        [1.6, 1.2, 0.6], dtype=torch.float64) + torch.tensor([0.0, 0.0, 3.0], dtype=torch.float64)
+    quats = torch.nn.functional.normalize(torch.randn(n, 4, generator=gen, dtype=torch.float64),
+                                          dim=1)
+    scales = torch.rand(n, 3, generator=gen, dtype=torch.float64) * 0.15 + 0.05
+    opacities = torch.rand(n, generator=gen, dtype=torch.float64) * 0.6 + 0.3
+    colors = torch.rand(n, 3, generator=gen, dtype=torch.float64)
+    Ks = torch.tensor([[[35.0, 0.0, 20.0], [0.0, 35.0, 15.0], [0.0, 0.0, 1.0]]],
+                      dtype=torch.float64)
+    weight = torch.randn(1, height, width, 3, generator=gen, dtype=torch.float64)
+
+    def loss(deltas: torch.Tensor) -> torch.Tensor:
+        img, _, _ = rasterization(means, quats, scales, opacities, colors,
+                                  correction_matrices(deltas), Ks, width, height,
+                                  backend="torch")
+        return (img * weight).sum()
+
+    at = torch.zeros(1, 6, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(loss(at), at)
+    eps = 1e-6
+    fd = torch.stack([(loss(eps * e) - loss(-eps * e)) / (2 * eps)
+                      for e in torch.eye(6, dtype=torch.float64)[:, None]])
+    assert grad.abs().min() > 1.0  # every component matters here
+    torch.testing.assert_close(grad[0], fd, rtol=1e-6, atol=1e-6)
+
+
+def test_the_rate_scales_with_the_run_and_the_mean_correction_stays_zero(tiny, tmp_path):
+    assert lr_of(TrainConfig(steps=300)) == pytest.approx(1e-3)  # gsplat's 1e-5 x 30k / 300
+    assert lr_of(TrainConfig(steps=30_000, batch_size=4)) == pytest.approx(2e-5)
+    assert lr_of(TrainConfig(steps=300, pose_opt_lr_steps=0)) == pytest.approx(1e-5)
+    ds = load_dataset(tiny)
+    for zero_mean in (True, False):
+        cfg = _tiny_cfg(tiny, tmp_path / str(zero_mean), pose_opt_zero_mean=zero_mean,
+                        checkpoint_every=0)
+        trainer = Trainer(cfg, ds, tmp_path / str(zero_mean), log=lambda _: None)
+        trainer.train()
+        deltas = trainer.features[0].deltas.detach()
+        assert deltas.abs().max() > 1e-3
+        assert (deltas.mean(0).abs().max() < 1e-7) == zero_mean, deltas.mean(0)
+
+
+def test_noisy_poses_are_refined_towards_the_truth(room, clean_twin, tmp_path):
     truth = _viewmats(room.train)
     noisy = dataclasses.replace(room, train=perturb_poses(room.train, distance=ROOM_DISTANCE))
-    rot0, shift0 = pose_errors(_viewmats(noisy.train), truth)
-    assert 0.5 < rot0 < 1.0 and 0.009 < shift0 < 0.019, (rot0, shift0)  # what was asked for
+    rot0, shift0 = camera_errors(_viewmats(noisy.train), truth)
+    assert 0.5 < rot0.mean() < 1.0, rot0  # what was asked for (0.5-1 deg before alignment)
+    assert 0.009 < shift0.mean() < 0.019, shift0
     _, plain = _train(noisy, tmp_path / "plain")
-    trainer, refined = _train(noisy, tmp_path / "pose", ["pose_opt=true", POSE_LR])
-    rot, shift = pose_errors(trainer.features[0].refined_viewmats(), truth)
-    print(f"noisy poses: test PSNR {plain:.2f} dB without, {refined:.2f} dB with pose_opt; "
-          f"rotation error {rot0:.3f} -> {rot:.3f} deg, centre error {shift0:.4f} -> "
-          f"{shift:.4f}")
-    assert refined > plain + GAIN_DB, (plain, refined)
-    assert rot < 0.9 * rot0, (rot0, rot)  # measured 0.79 x
-    assert shift < 0.99 * shift0, (shift0, shift)  # measured 0.96 x
+    trainer, refined = _train(noisy, tmp_path / "pose", ["pose_opt=true"])
+    rot, shift = camera_errors(trainer.features[0].refined_viewmats(), truth)
+    share = (refined - plain) / (clean_twin - plain)
+    print(f"noisy poses: test PSNR {plain:.2f} dB without, {refined:.2f} dB with pose_opt, "
+          f"clean twin {clean_twin:.2f} ({share:.2f} of the gap); median rotation error "
+          f"{rot0.median():.3f} -> {rot.median():.3f} deg (mean {rot0.mean():.3f} -> "
+          f"{rot.mean():.3f}), mean centre error {shift0.mean():.4f} -> {shift.mean():.4f}")
+    assert clean_twin > plain + 0.5, (clean_twin, plain)  # the noise costs something
+    assert share >= GAP_SHARE, (plain, refined, clean_twin)
+    assert rot.median() * ROTATION_GAIN <= rot0.median(), (rot0, rot)
+    assert shift.mean() < 0.9 * shift0.mean(), (shift0, shift)  # measured 0.77 x
 
 
-def test_perfect_poses_lose_at_most_a_fifth_of_a_db(room, tmp_path):
-    _, plain = _train(room, tmp_path / "plain")
-    trainer, refined = _train(room, tmp_path / "pose", ["pose_opt=true", POSE_LR])
-    rot, shift = pose_errors(trainer.features[0].refined_viewmats(), _viewmats(room.train))
-    print(f"perfect poses: test PSNR {plain:.2f} dB without, {refined:.2f} dB with pose_opt "
-          f"(drift {rot:.3f} deg, {shift:.4f})")
-    assert refined > plain - LOSS_DB, (plain, refined)
+def test_perfect_poses_lose_at_most_a_fifth_of_a_db(room, clean_twin, tmp_path):
+    trainer, refined = _train(room, tmp_path / "pose", ["pose_opt=true"])
+    rot, shift = camera_errors(trainer.features[0].refined_viewmats(), _viewmats(room.train))
+    print(f"perfect poses: test PSNR {clean_twin:.2f} dB without, {refined:.2f} dB with "
+          f"pose_opt (drift: median {rot.median():.3f} deg, mean centre {shift.mean():.4f})")
+    assert refined >= clean_twin - LOSS_DB, (clean_twin, refined)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +204,8 @@ def _tiny_cfg(folder, run, **kw) -> TrainConfig:
     base = dict(data=str(folder), run_dir=str(run), steps=12, batch_size=2, init_points=100,
                 sh_degree=1, refine_start=2, refine_every=3, refine_stop=10,
                 checkpoint_every=6, keep_checkpoints=5, log_every=4, progress=False,
-                lpips=False, backend="cpu", pose_opt=True, pose_opt_lr=1e-2, save_ply=False)
+                lpips=False, backend="cpu", pose_opt=True, pose_opt_lr=1e-2, pose_opt_lr_steps=0,
+                save_ply=False)
     base.update(kw)
     return TrainConfig(**base).validate()
 
@@ -216,7 +282,7 @@ def _data_parallel(rank: int, port: int, folder: str) -> None:
         ds = load_dataset(folder)
         common = dict(steps=8, batch_size=4, init_points=100, sh_degree=0, refine_start=100,
                       checkpoint_every=0, progress=False, lpips=False, backend="torch",
-                      pose_opt=True, pose_opt_lr=1e-2)
+                      pose_opt=True, pose_opt_lr=1e-2, pose_opt_lr_steps=0)
         single = Trainer(TrainConfig(**common).validate(), ds, f"{folder}/single{rank}",
                          log=lambda m: None)
         ranks = Trainer(TrainConfig(parallel="data", **common).validate(), ds,
