@@ -155,6 +155,7 @@ def test_the_rate_scales_with_the_run_and_the_mean_correction_stays_zero(tiny, t
     assert lr_of(TrainConfig(steps=300)) == pytest.approx(1e-3)  # gsplat's 1e-5 x 30k / 300
     assert lr_of(TrainConfig(steps=30_000, batch_size=4)) == pytest.approx(2e-5)
     assert lr_of(TrainConfig(steps=300, pose_opt_lr_steps=0)) == pytest.approx(1e-5)
+    assert lr_of(TrainConfig(steps=12)) == pytest.approx(1e-3)  # at most 100 x
     ds = load_dataset(tiny)
     for zero_mean in (True, False):
         cfg = _tiny_cfg(tiny, tmp_path / str(zero_mean), pose_opt_zero_mean=zero_mean,

@@ -12,7 +12,8 @@ computes (``torch``, ``cpu`` and ``cuda``: the projection's VJP returns ``v_view
 Two departures from gsplat, both measured on the room capture (docs/training.md):
 
 - **The rate scales with the run**: ``pose_opt_lr`` is the rate for a run of
-  ``pose_opt_lr_steps`` steps (30,000, gsplat's), multiplied by ``pose_opt_lr_steps / steps``.
+  ``pose_opt_lr_steps`` steps (30,000, gsplat's), multiplied by ``pose_opt_lr_steps / steps``
+  (at most 100: a run under 300 steps gets the 300-step rate).
   How far Adam can move a camera is about rate x steps, and how far it must move does not
   depend on the run's length: gsplat's 1e-5 moved the cameras too little in 300 steps
   (mean error 0.76 -> 0.62 degrees at 1.5e-4); the scaled 1e-3 moves them 0.76 -> 0.33.
@@ -98,10 +99,16 @@ def correction_matrices(deltas: Tensor) -> Tensor:
     return out
 
 
+# the most the run-length scaling multiplies the rate by: a run shorter than
+# pose_opt_lr_steps / MAX_SCALE (300 steps by default) gets the rate of that length, not one
+# that grows without bound (a 12-step run would get 2,500 x gsplat's)
+MAX_SCALE = 100.0
+
+
 def lr_of(cfg: TrainConfig) -> float:
     """The corrections' first-step rate: ``pose_opt_lr * sqrt(batch_size)``, times
-    ``pose_opt_lr_steps / steps`` unless ``pose_opt_lr_steps`` is 0."""
-    scale = cfg.pose_opt_lr_steps / cfg.steps if cfg.pose_opt_lr_steps else 1.0
+    ``pose_opt_lr_steps / steps`` (at most MAX_SCALE) unless ``pose_opt_lr_steps`` is 0."""
+    scale = min(cfg.pose_opt_lr_steps / cfg.steps, MAX_SCALE) if cfg.pose_opt_lr_steps else 1.0
     return cfg.pose_opt_lr * math.sqrt(cfg.batch_size) * scale
 
 
@@ -144,7 +151,7 @@ class PoseRefinement(Feature):
             "gsplat's default", ge=0.0),
         Key("pose_opt_lr_steps", 30_000, "pose_opt: the run length pose_opt_lr is meant for "
             "(gsplat's 30,000 steps): the rate is scaled by pose_opt_lr_steps / steps, so that "
-            "a run of any length can move the cameras as far; 0: not scaled", ge=0),
+            "a run of any length can move the cameras as far (at most 100x); 0: not scaled", ge=0),
         Key("pose_opt_reg", 1e-6, "pose_opt: Adam weight decay of the corrections, gsplat's "
             "default", ge=0.0),
         Key("pose_opt_zero_mean", True, "pose_opt: remove the mean correction (in the cameras' "
