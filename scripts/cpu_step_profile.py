@@ -110,7 +110,7 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict
         row["adam"], row["cpu:adam"] = times["part_adam"], times["cpu:part_adam"]
         for pre in ("", "cpu:"):
             row[f"{pre}python"] = row[f"{pre}step"] - sum(
-                v for k, v in row.items() if k.startswith(pre) and k.count(":") == len(pre)
+                v for k, v in row.items() if k.startswith(pre) and k.count(":") == len(pre) // 4
                 and k not in (f"{pre}step", f"{pre}python"))
         if i:
             out.append(row)
