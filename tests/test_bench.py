@@ -101,11 +101,24 @@ def test_bad_run_arguments():
         (["--arms", "nope"], "unknown backend 'nope'"),
         (["--scene", "lawn"], "scene must be"),
         (["--parity", "torch", "torch:diagonal"], "unknown backward scheme"),
+        (["--resolution", "1297"], "resolution must be WxH"),
+        (["--scene", "run:nowhere", "--gaussians", "5"], "--gaussians and --resolution apply"),
     ],
 )
 def test_cli_bad_input_exits_2(argv, message, capsys):
     assert main(["bench", "--no-calibrate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_scales_the_scene(tmp_path, capsys):
+    out = tmp_path / "scaled.json"
+    code = main(["bench", "--scene", "synthetic:200:32x24", "--gaussians", "300", "--resolution",
+                 "40x30", "--sh-degree", "0", "--arms", "torch", "--iters", "1", "--repeats", "1",
+                 "--no-calibrate", "--out", str(out)])
+    assert code == 0
+    scene = json.loads(out.read_text())["scene"]
+    assert (scene["gaussians"], scene["cameras"], scene["width"], scene["height"]) == (
+        300, 1, 40, 30)
 
 
 def test_cli_help_documents_the_modes(capsys):

@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scene", default="synthetic:2000:64x48",
                         help="'garden', 'synthetic:N:WxH' or 'run:RUN_DIR' (a training run "
                              "folder or one checkpoint file) (default: %(default)s)")
+    parser.add_argument("--gaussians", type=int, default=None, metavar="N",
+                        help="multiply the scene's Gaussians to N, seen by its first camera "
+                             "(tilesplat.bench.scale; not for run scenes)")
+    parser.add_argument("--resolution", default=None, metavar="WxH",
+                        help="render the scene's first camera at WxH (e.g. 1297x840)")
     parser.add_argument("--arms", nargs="+", default=["torch"], metavar="ARM",
                         help="arms to time, the first is the baseline (default: torch)")
     parser.add_argument("--iters", type=int, default=None,
@@ -118,11 +123,12 @@ def run(args: argparse.Namespace) -> int:
                   "machine": bench.machine_info(), "calibration": cal}
         _save(args.out, result)
         return 0
+    scene = _scene(args, dtype)
     common = {"sh_degree": args.sh_degree, "tile_size": args.tile_size, "seed": args.seed,
               "dtype": dtype}
     if args.parity is None and args.self_noise is None:
         result = bench.run_bench(
-            args.scene, args.arms, iters=args.iters, repeats=args.repeats, warmup=args.warmup,
+            scene, args.arms, iters=args.iters, repeats=args.repeats, warmup=args.warmup,
             calibrate=not args.no_calibrate, calibration_seconds=args.calibration_seconds,
             threads=args.threads, **common,
         )
@@ -133,13 +139,13 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     with bench.runner.thread_count(args.threads):
         if args.parity is not None:
-            par = bench.run_parity(args.scene, *args.parity, atol=args.atol, rtol=args.rtol,
+            par = bench.run_parity(scene, *args.parity, atol=args.atol, rtol=args.rtol,
                                    **common)
             print(bench.format_parity(par))
             result["parity"] = par
             status = 0 if par["passed"] else 1
         if args.self_noise is not None:
-            noise = bench.run_self_noise(args.scene, args.arms, k=args.self_noise, **common)
+            noise = bench.run_self_noise(scene, args.arms, k=args.self_noise, **common)
             print(bench.format_self_noise(noise))
             result["self_noise"] = noise
     _save(args.out, result)
@@ -163,6 +169,21 @@ def _eval3d(args: argparse.Namespace) -> int:
     print(eval3d_cost.format_eval3d_cost(result, markdown=args.markdown))
     _save(args.out, result)
     return 0 if result["gate"]["passed"] else 1
+
+
+def _scene(args: argparse.Namespace, dtype):
+    """The scene spec, or with --gaussians / --resolution the scaled scene."""
+    if args.gaussians is None and args.resolution is None:
+        return args.scene
+    from tilesplat.bench.run_spec import is_run_spec
+    from tilesplat.bench.scale import parse_size, scaled_scene
+    from tilesplat.data.scenes import load_scene
+
+    if is_run_spec(args.scene):
+        raise ValueError("--gaussians and --resolution apply to 'garden' and synthetic scenes, "
+                         f"not to {args.scene!r}")
+    size = parse_size(args.resolution) if args.resolution is not None else None
+    return scaled_scene(load_scene(args.scene, dtype=dtype), args.gaussians, size)
 
 
 def _save(path: str | None, result: dict) -> None:

@@ -5,7 +5,8 @@ order.
 
 The reference lists intersections by Gaussian then tile row-major and sorts them stably by
 ``image << (32 + tile_bits) | tile << 32 | depth bits``: each tile lists its Gaussians by
-(depth bits, index). Here the Gaussians are put in that order once (a stable radix sort of
+(depth bits, index). Here the Gaussians with a radius (the culled ones have no tiles; at 1 M
+Gaussians in a real view about half) are put in that order once (a stable radix sort of
 their depth bits), and a stable counting sort by (image, tile) in that order — a count pass,
 a prefix sum and a fill pass, over fixed chunks of the order on a pool of threads — writes
 every tile's segment already sorted. (Sorting each tile's segment instead cost ~28 ns per
@@ -53,30 +54,53 @@ def _tile_range(mx, my, r0, r1, tile_size, tile_width, tile_height):
 
 
 @njit(cache=True, error_model="numpy")
-def depth_order(depth_bits, order):
-    """order [G]: the Gaussians by unsigned depth bits, ties in index order (a stable LSD
-    radix sort, four passes of 8 bits): the order every tile lists its Gaussians in."""
-    n = depth_bits.shape[0]
+def depth_order(depth_bits, rows, order):
+    """order [M]: the Gaussians rows [M] (increasing) by unsigned depth bits, ties in index
+    order (a stable LSD radix sort, four passes of 8 bits, over (key, Gaussian) pairs kept
+    side by side): the order every tile lists its Gaussians in."""
+    n = rows.shape[0]
     keys = np.empty(n, np.uint32)
-    for g in range(n):
-        keys[g] = np.uint32(np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
-        order[g] = g
-    tmp = np.empty(n, np.int64)
+    for i in range(n):
+        g = rows[i]
+        keys[i] = np.uint32(np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
+        order[i] = g
+    tmp_k = np.empty(n, np.uint32)
+    tmp_g = np.empty(n, np.int64)
     counts = np.empty(257, np.int64)
     for shift in range(0, 32, 8):
         counts[:] = 0
         for i in range(n):
-            counts[((keys[order[i]] >> np.uint32(shift)) & np.uint32(0xFF)) + 1] += 1
+            counts[((keys[i] >> np.uint32(shift)) & np.uint32(0xFF)) + 1] += 1
         if counts[1:].max() == n:
             continue  # every key has the same byte here: the pass would not move anything
         for b in range(256):
             counts[b + 1] += counts[b]
         for i in range(n):
-            g = order[i]
-            b = (keys[g] >> np.uint32(shift)) & np.uint32(0xFF)
-            tmp[counts[b]] = g
+            k = keys[i]
+            b = (k >> np.uint32(shift)) & np.uint32(0xFF)
+            tmp_k[counts[b]] = k
+            tmp_g[counts[b]] = order[i]
             counts[b] += 1
-        order[:] = tmp
+        keys[:] = tmp_k
+        order[:] = tmp_g
+
+
+@njit(cache=True, error_model="numpy")
+def visible_rows(radii):
+    """The Gaussians g of radii [G, 2] with both radii > 0, increasing: the only ones with
+    tiles (the others' boxes are empty), so the passes below skip the culled ones."""
+    n = radii.shape[0]
+    m = 0
+    for g in range(n):
+        if radii[g, 0] > 0 and radii[g, 1] > 0:
+            m += 1
+    rows = np.empty(m, np.int64)
+    m = 0
+    for g in range(n):
+        if radii[g, 0] > 0 and radii[g, 1] > 0:
+            rows[m] = g
+            m += 1
+    return rows
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -208,21 +232,21 @@ def fill_kernel(first, step, order, box, high, tight, keep, box_first, tile_widt
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def unsorted_kernel(box, high, tight, keep, box_first, tile_width, slot, flatten_ids,
+def unsorted_kernel(order, box, high, tight, keep, box_first, tile_width, slot, flatten_ids,
                     isect_ids):
-    """Listing order (by Gaussian, then tile row-major) for sort=False, positions being the
-    Gaussians: each from its first slot ``slot`` [G]; the tiles :func:`count_kernel` would
-    count."""
-    for g in range(box.shape[0]):
-        j = slot[g]
-        k = box_first[g] if tight else 0
-        for ty in range(box[g, 2], box[g, 3]):
-            for tx in range(box[g, 0], box[g, 1]):
+    """Listing order (by Gaussian, then tile row-major) for sort=False, positions i being the
+    Gaussians order[i] in increasing order: each from its first slot ``slot`` [M]; the tiles
+    :func:`count_kernel` would count."""
+    for i in range(box.shape[0]):
+        j = slot[i]
+        k = box_first[i] if tight else 0
+        for ty in range(box[i, 2], box[i, 3]):
+            for tx in range(box[i, 0], box[i, 1]):
                 k += 1
                 if tight and not keep[k - 1]:
                     continue
-                flatten_ids[j] = g
-                isect_ids[j] = high[g] | (np.int64(ty * tile_width + tx) << 32)
+                flatten_ids[j] = order[i]
+                isect_ids[j] = high[i] | (np.int64(ty * tile_width + tx) << 32)
                 j += 1
 
 
@@ -290,19 +314,23 @@ def _isect(
     bits = view(depths.reshape(-1).to(torch.float32).contiguous().view(torch.int32))
     n_tiles = tile_width * tile_height
     t_bits = n_tiles.bit_length()
-    chunk = _chunk_size(n_gauss, n_images * n_tiles)
-    n_chunks = (n_gauss + chunk - 1) // chunk
-    order = np.empty(n_gauss, np.int64)
+    # the culled Gaussians (a radius 0) have no tiles: only the others are ordered and
+    # listed, which gives the same lists (a tile's order is (depth bits, index) either way)
+    rows = visible_rows(r)
+    n_vis = rows.shape[0]
+    chunk = _chunk_size(n_vis, n_images * n_tiles)
+    n_chunks = (n_vis + chunk - 1) // chunk
+    order = np.empty(n_vis, np.int64)
     if sort:
-        depth_order(bits, order)
+        depth_order(bits, rows, order)
     else:
-        order[:] = np.arange(n_gauss)
+        order[:] = rows
     tight = conics is not None
     # what the passes below read of each Gaussian, at its position in ``order``
-    box = np.empty((n_gauss, 4), np.int32)
-    box_n = np.empty(n_gauss, np.int64)
-    high = np.empty(n_gauss, np.int64)
-    ell = np.empty((n_gauss if tight else 0, 6), m.dtype)
+    box = np.empty((n_vis, 4), np.int32)
+    box_n = np.empty(n_vis, np.int64)
+    high = np.empty(n_vis, np.int64)
+    ell = np.empty((n_vis if tight else 0, 6), m.dtype)
     con = view(conics.reshape(-1, 3)) if tight else np.empty((0, 3), m.dtype)
     opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
     parallel_for(gather_kernel, n_chunks, order, m, r, image_of, bits, con, opa, tight,
@@ -313,7 +341,7 @@ def _isect(
     if tight:  # each (Gaussian, tile of its box) decided once
         box_first = np.cumsum(box_n) - box_n
         keep = np.empty(int(box_n.sum()), np.uint8)
-        kept = np.empty(n_gauss, np.int64)
+        kept = np.empty(n_vis, np.int64)
         parallel_for(reach_kernel, n_chunks, box, box_n, ell, width, height, tile_size, chunk,
                      box_first, keep, kept)
     n = int(kept.sum())
@@ -329,10 +357,11 @@ def _isect(
                      tile_width, tile_height, t_bits, chunk, per_chunk, view(flatten_ids),
                      view(isect_ids))
     else:
-        unsorted_kernel(box, high, tight, keep, box_first, tile_width, np.cumsum(kept) - kept,
+        unsorted_kernel(order, box, high, tight, keep, box_first, tile_width,
+                        np.cumsum(kept) - kept,
                         view(flatten_ids), view(isect_ids))
-    counts = np.empty(n_gauss, np.int32)
-    counts[order] = kept  # by Gaussian
+    counts = np.zeros(n_gauss, np.int32)
+    counts[order] = kept  # by Gaussian; the culled ones 0
     return torch.from_numpy(counts).reshape(lead), isect_ids, flatten_ids
 
 

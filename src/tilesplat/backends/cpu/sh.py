@@ -82,11 +82,26 @@ def backward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, v_col
                 m = m0 + i * inner
                 zero = like(dirs[m, 0], 0.0)
                 on = not has_mask or masks[m]
+                vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
+                if not on:  # a culled row: the same zero products, without the basis
+                    for k in range(n_k):
+                        if i > 0:
+                            v_coeffs[c, k, 0] += zero * vr
+                            v_coeffs[c, k, 1] += zero * vg
+                            v_coeffs[c, k, 2] += zero * vb
+                        else:
+                            v_coeffs[c, k, 0] = zero * vr
+                            v_coeffs[c, k, 1] = zero * vg
+                            v_coeffs[c, k, 2] = zero * vb
+                    if want_dirs:
+                        v_dirs[m, 0] = zero
+                        v_dirs[m, 1] = zero
+                        v_dirs[m, 2] = zero
+                    continue
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 basis = sm.sh_basis(degree, x, y, z)
-                vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
                 for k in range(n_k):
-                    bk = basis[k] if (on and k < n_basis) else zero
+                    bk = basis[k] if k < n_basis else zero
                     if i > 0:
                         v_coeffs[c, k, 0] += bk * vr
                         v_coeffs[c, k, 1] += bk * vg
@@ -97,7 +112,7 @@ def backward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, v_col
                         v_coeffs[c, k, 2] = bk * vb
                 if not want_dirs:
                     continue
-                if on and degree > 0:
+                if degree > 0:
                     for k in range(25):
                         gk[k] = zero
                     for k in range(n_basis):

@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""The trainer's CPU step at a real size, stage by stage, in two checkouts alternately (issue 36).
+
+    PYTHONPATH=src python scripts/cpu_step_profile.py --src /work/main/src src \\
+        [--gaussians 1000000] [--resolution 1297x840] [--rounds 3] [--steps 2] [--json F]
+
+The parent makes the scene once (the garden multiplied to ``--gaussians`` and seen by its
+first camera at ``--resolution``: :func:`tilesplat.bench.scale.scaled_scene`) and a target
+image, saves them, then runs ``--rounds`` rounds; in each, a child per (checkout, scheme) in
+turn (so a slow phase of a shared machine hits every arm alike) times ``--steps`` steps of
+the trainer's own ``optimization_step`` (L1 + 0.2 SSIM, fused Adam, SH degree 3, packed =
+False) after one untimed step. A child times every cpu-backend op it calls (forward and
+backward launchers, wrapped in the registry) and the step's parts; ``python`` is the step's
+time outside the ops and Adam (autograd, PyTorch's glue ops, the loss's L1). Reports per
+stage the min over steps and rounds and the median, and the step's ratio between checkouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# registry op -> stage name (forward, backward)
+OPS = {
+    "fully_fused_projection": ("projection", "projection_bwd"),
+    "spherical_harmonics": ("sh", "sh_bwd"),
+    "isect_tiles_tight": ("intersection", None),
+    "isect_tiles": ("intersection", None),
+    "isect_offset_encode": ("intersection", None),
+    "rasterize_to_pixels": ("raster_fwd", "raster_bwd"),
+    "ssim": ("ssim", "ssim_bwd"),
+}
+ORDER = ("projection", "sh", "intersection", "raster_fwd", "ssim", "ssim_bwd", "raster_bwd",
+         "sh_bwd", "projection_bwd", "adam", "python", "step")
+
+
+def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict:
+    import torch
+
+    if threads:
+        import numba
+
+        numba.set_num_threads(threads)
+        torch.set_num_threads(threads)
+    from tilesplat.backends import registry
+    from tilesplat.train.config import TrainConfig
+    from tilesplat.train.models import model_kind
+    from tilesplat.train.models.splats import make_optimizers, make_params
+    from tilesplat.train.step.batch import Batch
+    from tilesplat.train.step.optimization import StepPlan, optimization_step
+
+    registry._load("cpu")
+    times: dict[str, float] = {}  # wall ms, and CPU ms as "cpu:" + name
+
+    def add(name, t0, c0):
+        times[name] = times.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+        times[f"cpu:{name}"] = times.get(f"cpu:{name}", 0.0) + (time.process_time() - c0) * 1e3
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                add(name, t0, c0)
+        return run
+
+    for (op, backend), impl in list(registry._impls.items()):
+        if backend != "cpu" or op not in OPS:
+            continue
+        fwd, bwd = OPS[op]
+        if isinstance(impl, registry.DiffOp):
+            registry._impls[(op, backend)] = registry.DiffOp(timed(fwd, impl.forward),
+                                                             timed(bwd, impl.backward))
+        else:
+            registry._impls[(op, backend)] = timed(fwd, impl)
+
+    d = torch.load(scene_path)
+    cfg = TrainConfig(backend="cpu", backward_scheme=scheme, sh_degree=3, sh_degree_interval=1,
+                      packed=False, ssim_lambda=0.2)
+    params = make_params({k: d[k] for k in ("means", "quats", "scales", "opacities", "sh0",
+                                            "shN")})
+    optimizers = make_optimizers(params, cfg, 1.0)
+    plan = StepPlan(cfg, model_kind(cfg), 1.0)
+    batch = Batch(d["viewmats"], d["Ks"], d["width"], d["height"],
+                  torch.zeros(1, 3), d["target"])
+
+    class Clock:
+        import contextlib
+
+        @contextlib.contextmanager
+        def stage(self, name):
+            t0, c0 = time.perf_counter(), time.process_time()
+            yield
+            add(f"part_{name}", t0, c0)
+
+    out = []
+    for i in range(steps + 1):
+        times.clear()
+        t0, c0 = time.perf_counter(), time.process_time()
+        optimization_step(params, optimizers, batch, plan, 10_000 + i, clock=Clock())
+        add("step", t0, c0)
+        row = {k: v for k, v in times.items() if "part_" not in k}
+        row["adam"], row["cpu:adam"] = times["part_adam"], times["cpu:part_adam"]
+        for pre in ("", "cpu:"):
+            row[f"{pre}python"] = row[f"{pre}step"] - sum(
+                v for k, v in row.items() if k.startswith(pre) and k.count(":") == len(pre) // 4
+                and k not in (f"{pre}step", f"{pre}python"))
+        if i:
+            out.append(row)
+    return {"steps": out, "pairs": None}
+
+
+def make_scene(gaussians: int, resolution: str, path: str) -> dict:
+    import torch
+
+    from tilesplat.bench.scale import parse_size, scaled_scene
+    from tilesplat.data.scenes import load_garden
+
+    sc = scaled_scene(load_garden(), gaussians, parse_size(resolution))
+    sh = sc.sh_coeffs(3)
+    g = torch.Generator().manual_seed(1)
+    target = torch.rand((1, sc.height, sc.width, 3), generator=g)
+    torch.save({
+        "means": sc.means, "quats": sc.quats, "scales": torch.log(sc.scales),
+        "opacities": torch.logit(sc.opacities), "sh0": sh[:, :1].clone(),
+        "shN": sh[:, 1:].clone(), "viewmats": sc.viewmats, "Ks": sc.Ks, "width": sc.width,
+        "height": sc.height, "target": target,
+    }, path)
+    return {"name": sc.name, "gaussians": sc.num_gaussians, "width": sc.width,
+            "height": sc.height}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--src", nargs="+", default=["src"], help="checkouts' src folders (arms)")
+    p.add_argument("--schemes", nargs="+", default=["per_pixel", "per_splat"])
+    p.add_argument("--gaussians", type=int, default=1_000_000)
+    p.add_argument("--resolution", default="1297x840")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--scheme", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.scheme, args.steps, args.threads)))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        scene_path = os.path.join(tmp, "scene.pt")
+        info = make_scene(args.gaussians, args.resolution, scene_path)
+        print(f"scene {info}", flush=True)
+        rows: dict[tuple[str, str], list[dict]] = {}
+        for r in range(args.rounds):
+            for scheme in args.schemes:
+                for src in args.src:
+                    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+                    cmd = [sys.executable, os.path.abspath(__file__), "--child", scene_path,
+                           "--scheme", scheme, "--steps", str(args.steps)]
+                    if args.threads:
+                        cmd += ["--threads", str(args.threads)]
+                    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    if res.returncode:
+                        print(res.stderr, file=sys.stderr)
+                        return 1
+                    got = json.loads(res.stdout.strip().splitlines()[-1])["steps"]
+                    rows.setdefault((src, scheme), []).extend(got)
+                    print(f"round {r} {scheme} {src}: step "
+                          f"{[round(s['step']) for s in got]} ms", flush=True)
+    table = {}
+    keys = [*ORDER, *(f"cpu:{k}" for k in ORDER)]
+    for (src, scheme), steps in rows.items():
+        table[f"{src}|{scheme}"] = {
+            k: {"min": min(s.get(k, 0.0) for s in steps),
+                "median": statistics.median(s.get(k, 0.0) for s in steps)}
+            for k in keys}
+    for pre, title in (("", "wall ms"), ("cpu:", "CPU ms (both threads)")):
+        print(f"\n{title}, min / median\n| stage | " + " | ".join(table) + " |")
+        print("|---|" + "---|" * len(table))
+        for k in ORDER:
+            print(f"| {k} | " + " | ".join(f"{v[pre + k]['min']:.0f} / {v[pre + k]['median']:.0f}"
+                                            for v in table.values()) + " |")
+    if len(args.src) == 2:
+        for scheme in args.schemes:
+            for pre in ("", "cpu:"):
+                a, b = (table[f"{s}|{scheme}"][f"{pre}step"] for s in args.src)
+                print(f"{scheme} {pre or 'wall:'} step {args.src[0]} / {args.src[1]}: "
+                      f"min {a['min'] / b['min']:.2f}x, median {a['median'] / b['median']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"scene": info, "rows": {f"{k[0]}|{k[1]}": v for k, v in rows.items()},
+                       "table": table}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
