@@ -8,15 +8,20 @@ product per block of rows (torch's GEMM on the CPU cores), blocks sized to keep 
 matrix near 16 MB; the update sums each cluster's rows after sorting them by label. An empty cluster
 keeps its centroid. Centroids are fitted on an evenly strided sample of ``SAMPLE_PER_K`` rows
 per centroid (at least ``MIN_SAMPLE``), for at most ``iterations`` rounds (fewer once under
-0.1 % of the labels change); then every row is assigned once.
+0.1 % of the labels change); then every row is assigned once, and each centroid moved to the
+mean of the rows it holds.
 
 A palette of more than ``FLAT_MAX`` entries (SOG's 65536 for 3 M Gaussians) is two levels:
 ~sqrt(k) coarse centroids split the rows, then each coarse cell gets its own k-means with a
 share of the k entries proportional to its rows, fitted on ``FINE_SAMPLE_PER_K`` rows per
-entry. A row's distances are then computed to
-~2 sqrt(k) centroids instead of k: for 3 M rows of 45 coefficients and k = 65536 that is
-~0.1 TFLOP a pass instead of ~18, with each row still matched inside its own neighbourhood.
-The rows are only read (a view of the caller's array is fine); labels are the one [N] array.
+entry. Then ``REFINE_PASSES`` Lloyd passes over every row: a row is matched against the
+entries of its own cell and of the ``NEAR_CELLS - 1`` cells whose coarse centroids are
+nearest its cell's (a row near a cell's border finds the entry across it), and each entry
+moves to the mean of all the rows it holds (the sample fit alone leaves the entries where
+16 sample rows each put them). A row's distances are computed to ~NEAR_CELLS sqrt(k) centroids
+instead of k: for 3 M rows of 45 coefficients and k = 65536 that is ~0.2 TFLOP a pass
+instead of ~18. The rows are only read (a view of the caller's array is fine); beyond the
+palette and the [N] labels, memory is one cell's rows at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ _BLOCK_FLOATS = 1 << 22  # 16 MB of float32 distances per block of rows
 SAMPLE_PER_K = 16
 MIN_SAMPLE = 1 << 16
 FLAT_MAX = 4096  # larger palettes are two-level
-FINE_SAMPLE_PER_K = 8  # rows per centroid fitted inside a coarse cell (all rows are assigned)
+FINE_SAMPLE_PER_K = 16  # rows per centroid fitted inside a coarse cell (then a pass over all rows)
+NEAR_CELLS = 3  # a row is matched against the entries of its cell and the 2 nearest cells
+REFINE_PASSES = 1  # full-data Lloyd passes after the fit
 
 
 def kmeans_1d(
@@ -53,12 +60,14 @@ def kmeans_1d(
     else:
         cum = np.cumsum(counts) - counts / 2.0
         centres = np.interp((np.arange(k) + 0.5) / k * counts.sum(), cum, uniq)
+        # the values are sorted: a cluster is a run of them, its weight and sum differences
+        # of running totals at the run's ends (k binary searches a round, not one per value)
+        cw = np.r_[0.0, np.cumsum(counts, dtype=np.float64)]
+        cs = np.r_[0.0, np.cumsum(counts * uniq)]
         for _ in range(iterations):
             centres = np.unique(centres)
-            edges = (centres[1:] + centres[:-1]) / 2.0
-            lab = np.searchsorted(edges, uniq)
-            w = np.bincount(lab, weights=counts, minlength=len(centres))
-            s = np.bincount(lab, weights=counts * uniq, minlength=len(centres))
+            ends = np.r_[0, np.searchsorted(uniq, (centres[1:] + centres[:-1]) / 2.0), len(uniq)]
+            w, s = np.diff(cw[ends]), np.diff(cs[ends])
             new = np.where(w > 0, s / np.maximum(w, 1e-300), centres)
             if np.array_equal(new, centres):
                 break
@@ -139,6 +148,44 @@ def _shares(sizes: np.ndarray, k: int) -> np.ndarray:
     return share
 
 
+def _neighbours(coarse: torch.Tensor, m: int) -> torch.Tensor:
+    """Each coarse centroid's ``m`` nearest coarse centroids, itself first [C, m] int64."""
+    d = torch.cdist(coarse, coarse)
+    d.fill_diagonal_(-1.0)
+    return torch.topk(d, min(m, len(coarse)), dim=1, largest=False).indices
+
+
+def _refine(x: torch.Tensor, cell: torch.Tensor, palette: torch.Tensor, bases: np.ndarray,
+            shares: np.ndarray, near: torch.Tensor, passes: int) -> torch.Tensor:
+    """Labels [N] of rows ``x`` [N, D] in ``palette`` [K, D] (updated in place): each cell's
+    rows against the entries of its ``near`` cells, then every entry moved to the mean of
+    the rows it holds (an entry that holds none keeps its place); ``passes`` times."""
+    order = torch.argsort(cell, stable=True)
+    sizes = torch.bincount(cell, minlength=len(near)).numpy()
+    starts = np.cumsum(sizes) - sizes
+    cand = [torch.cat([torch.arange(int(bases[c]), int(bases[c] + shares[c]))
+                       for c in near[j].tolist()]) for j in range(len(near))]  # fmt: skip
+    labels = torch.empty(len(x), dtype=torch.int64)
+    for _ in range(passes):
+        sums = np.zeros(palette.shape, np.float64)
+        counts = np.zeros(len(palette), np.int64)
+        for j in np.flatnonzero(sizes).tolist():
+            idx = order[starts[j] : starts[j] + sizes[j]]
+            xj = x[idx]
+            lab = cand[j][_assign(xj, palette[cand[j]])]
+            labels[idx] = lab
+            by = torch.argsort(lab).numpy()
+            lab_sorted = lab.numpy()[by]
+            first = np.flatnonzero(np.r_[True, lab_sorted[1:] != lab_sorted[:-1]])
+            uniq = lab_sorted[first]
+            sums[uniq] += np.add.reduceat(xj.numpy()[by], first, axis=0, dtype=np.float64)
+            counts[uniq] += np.diff(np.r_[first, len(lab_sorted)])
+        full = counts > 0
+        palette[torch.from_numpy(full)] = torch.from_numpy(
+            (sums[full] / counts[full, None]).astype(np.float32))
+    return labels
+
+
 def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """A palette of ``min(k, N)`` centroids of ``rows`` [N, D] and each row's label.
 
@@ -150,20 +197,22 @@ def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, 
     k = max(1, min(k, n))
     if k <= FLAT_MAX:
         c = _fit(x, k, iterations)
-        return c.numpy(), _assign(x, c).numpy()
+        labels = _assign(x, c)
+        return _means(x, labels, c).numpy(), labels.numpy()  # the means of all rows held
     coarse = _fit(x, max(2, math.isqrt(k)), iterations)
     cell = _assign(x, coarse)
     order = torch.argsort(cell, stable=True)
     sizes = torch.bincount(cell, minlength=len(coarse)).numpy()
     share = _shares(sizes, k)
-    labels = cell  # overwritten cell by cell with the fine labels
-    palette, start, base = [], 0, 0
+    palette, start = [], 0
     for size, kj in zip(sizes.tolist(), share.tolist(), strict=True):
         if size:
-            idx = order[start : start + size]
-            xj = x[idx]
-            c = _fit(xj, kj, iterations, least=0, per_k=FINE_SAMPLE_PER_K)
-            labels[idx] = _assign(xj, c) + base
-            palette.append(c)
-            start, base = start + size, base + kj
-    return torch.cat(palette).numpy(), labels.numpy()
+            xj = x[order[start : start + size]]
+            palette.append(_fit(xj, kj, iterations, least=0, per_k=FINE_SAMPLE_PER_K))
+            start += size
+    del order
+    palette = torch.cat(palette)
+    bases = np.cumsum(share) - share
+    labels = _refine(x, cell, palette, bases, share, _neighbours(coarse, NEAR_CELLS),
+                     REFINE_PASSES)
+    return palette.numpy(), labels.numpy()
