@@ -29,6 +29,7 @@ import io
 import json
 import math
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -103,15 +104,18 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     if w > 16383 or h > 16383:
         raise ValueError(f"SOG textures hold at most 16383 x 16383 Gaussians, got {n}")
     order = sort_centers(torch.from_numpy(a["means"]), torch.arange(n)).numpy()
+    # Pillow's WebP encoder releases the GIL: the textures encode on a second core while
+    # the next one is built (and the SH palette is clustered)
+    pool = ThreadPoolExecutor(2)
 
-    def texture(*channels: np.ndarray) -> bytes:
+    def texture(*channels: np.ndarray) -> Future:
         img = np.zeros((h * w, 4), np.uint8)
         img[:, 3] = 255
         for i, c in enumerate(channels):
             img[:n, i] = c
-        return _webp(img.reshape(h, w, 4))
+        return pool.submit(_webp, img.reshape(h, w, 4))
 
-    files: dict[str, bytes] = {}
+    files: dict[str, Future | bytes] = {}
     lt = _log_transform(a["means"][order].astype(np.float64))
     mins, maxs = lt.min(0), lt.max(0)
     span = np.where(maxs > mins, maxs - mins, 1.0)
@@ -150,12 +154,14 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
         pal = np.zeros((math.ceil(p / 64) * 64, c, 4), np.uint8)
         pal[..., 3] = 255
         pal[:p, :, :3] = lab.reshape(p, c, 3)
-        files["shN_centroids.webp"] = _webp(pal.reshape(-1, 64 * c, 4))
+        files["shN_centroids.webp"] = pool.submit(_webp, pal.reshape(-1, 64 * c, 4))
         files["shN_labels.webp"] = texture(labels & 0xFF, labels >> 8)
         meta["shN"] = {"count": p, "bands": degree, "codebook": book.tolist(),
                        "files": ["shN_centroids.webp", "shN_labels.webp"]}  # fmt: skip
-    files["meta.json"] = json.dumps(meta).encode("utf-8")
-    return files
+    with pool:
+        out = {name: f.result() for name, f in files.items()}
+    out["meta.json"] = json.dumps(meta).encode("utf-8")
+    return out
 
 
 def save_sog(
