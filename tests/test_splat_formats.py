@@ -331,6 +331,7 @@ def test_kmeans_two_level_entries_are_the_means_of_their_rows_and_near_one_level
         np.float32
     ) * 0.3
     monkeypatch.setattr(km, "FLAT_MAX", 1024)
+    monkeypatch.setattr(km, "FLAT_WORK", 0)
     c1, l1 = km.kmeans(rows, 256, 10)
     monkeypatch.setattr(km, "FLAT_MAX", 64)  # 256 entries: 16 coarse cells
     c2, l2 = km.kmeans(rows, 256, 10)

@@ -11,7 +11,10 @@ per centroid (at least ``MIN_SAMPLE``), for at most ``iterations`` rounds (fewer
 0.1 % of the labels change); then every row is assigned once, and each centroid moved to the
 mean of the rows it holds.
 
-A palette of more than ``FLAT_MAX`` entries (SOG's 65536 for 3 M Gaussians) is two levels:
+A palette of more than ``FLAT_MAX`` entries (SOG's 65536 for 3 M Gaussians) is two levels
+unless rows x entries is at most ``FLAT_WORK`` (SOG's 8192 entries for 8192 to 16383
+Gaussians: with about one row per entry, a row's nearest entry must be searched among all
+of them; within a cell, the 10 K-Gaussian SH error was 10 % larger):
 ~sqrt(k) coarse centroids split the rows, then each coarse cell gets its own k-means with a
 share of the k entries proportional to its rows, fitted on ``FINE_SAMPLE_PER_K`` rows per
 entry. Then ``REFINE_PASSES`` Lloyd passes over every row: a row is matched against the
@@ -34,7 +37,8 @@ import torch
 _BLOCK_FLOATS = 1 << 22  # 16 MB of float32 distances per block of rows
 SAMPLE_PER_K = 16
 MIN_SAMPLE = 1 << 16
-FLAT_MAX = 4096  # larger palettes are two-level
+FLAT_MAX = 4096  # larger palettes are two-level, unless there are few rows:
+FLAT_WORK = 1 << 27  # rows x entries up to which one level is cheap (16383 x 8192)
 FINE_SAMPLE_PER_K = 16  # rows per centroid fitted inside a coarse cell (then a pass over all rows)
 NEAR_CELLS = 3  # a row is matched against the entries of its cell and the 2 nearest cells
 REFINE_PASSES = 1  # full-data Lloyd passes after the fit
@@ -195,7 +199,7 @@ def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, 
     x = torch.from_numpy(np.ascontiguousarray(rows, np.float32))
     n = len(x)
     k = max(1, min(k, n))
-    if k <= FLAT_MAX:
+    if k <= FLAT_MAX or n * k <= FLAT_WORK:
         c = _fit(x, k, iterations)
         labels = _assign(x, c)
         return _means(x, labels, c).numpy(), labels.numpy()  # the means of all rows held
