@@ -340,3 +340,19 @@ def test_kmeans_two_level_entries_are_the_means_of_their_rows_and_near_one_level
         assert np.allclose(c2[j], rows[l2 == j].mean(0), atol=1e-5), j
     err1, err2 = (float(((rows - c[lab]) ** 2).sum(1).mean()) for c, lab in ((c1, l1), (c2, l2)))
     assert err2 <= 1.1 * err1, (err1, err2)
+
+
+@pytest.mark.parametrize("flat_max", [1024, 64])  # one level; two levels
+def test_kmeans_entries_are_the_weighted_means_of_their_rows(monkeypatch, flat_max):
+    from tilesplat.io import kmeans as km
+
+    rng = np.random.default_rng(6)
+    rows = rng.normal(size=(3000, 45)).astype(np.float32)
+    weights = rng.random(3000) + 0.05
+    monkeypatch.setattr(km, "FLAT_MAX", flat_max)
+    monkeypatch.setattr(km, "FLAT_WORK", 0)
+    c, labels = km.kmeans(rows, 256, 10, weights)
+    for j in np.unique(labels):
+        m = labels == j
+        want = (rows[m] * weights[m, None]).sum(0) / weights[m].sum()
+        assert np.allclose(c[j], want, atol=1e-5), j

@@ -98,17 +98,25 @@ def _strided(n: int, m: int) -> torch.Tensor:
     return torch.from_numpy(np.linspace(0, n - 1, m).round().astype(np.int64))
 
 
-def _means(x: torch.Tensor, labels: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The mean [K, D] of the rows ``x`` [M, D] of each label [M] (an empty cluster keeps
-    its row of ``c`` [K, D]): rows sorted by label, each run summed (``index_add_`` with
-    repeated indices is ~30x slower on the CPU)."""
+def _means(x: torch.Tensor, labels: torch.Tensor, c: torch.Tensor,
+           weights: np.ndarray | None = None) -> torch.Tensor:
+    """The mean [K, D] of the rows ``x`` [M, D] of each label [M], weighted by ``weights``
+    [M] (> 0) when given (an empty cluster keeps its row of ``c`` [K, D]): rows sorted by
+    label, each run summed (``index_add_`` with repeated indices is ~30x slower on the
+    CPU)."""
     order = np.argsort(labels.numpy(), kind="stable")
     lab = labels.numpy()[order]
     counts = np.bincount(lab, minlength=len(c))
     starts = np.cumsum(counts) - counts
     full = counts > 0
     out = c.numpy().copy()
-    out[full] = np.add.reduceat(x.numpy()[order], starts[full], axis=0) / counts[full, None]
+    xs = x.numpy()[order]
+    if weights is None:
+        out[full] = np.add.reduceat(xs, starts[full], axis=0) / counts[full, None]
+    else:
+        w = weights[order].astype(np.float64)
+        sums = np.add.reduceat(xs * w[:, None], starts[full], axis=0)
+        out[full] = sums / np.add.reduceat(w, starts[full])[:, None]
     return torch.from_numpy(out)
 
 
@@ -160,10 +168,12 @@ def _neighbours(coarse: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _refine(x: torch.Tensor, cell: torch.Tensor, palette: torch.Tensor, bases: np.ndarray,
-            shares: np.ndarray, near: torch.Tensor, passes: int) -> torch.Tensor:
+            shares: np.ndarray, near: torch.Tensor, passes: int,
+            weights: np.ndarray | None) -> torch.Tensor:
     """Labels [N] of rows ``x`` [N, D] in ``palette`` [K, D] (updated in place): each cell's
     rows against the entries of its ``near`` cells, then every entry moved to the mean of
-    the rows it holds (an entry that holds none keeps its place); ``passes`` times."""
+    the rows it holds, weighted by ``weights`` [N] when given (an entry that holds none keeps
+    its place); ``passes`` times."""
     order = torch.argsort(cell, stable=True)
     sizes = torch.bincount(cell, minlength=len(near)).numpy()
     starts = np.cumsum(sizes) - sizes
@@ -172,7 +182,7 @@ def _refine(x: torch.Tensor, cell: torch.Tensor, palette: torch.Tensor, bases: n
     labels = torch.empty(len(x), dtype=torch.int64)
     for _ in range(passes):
         sums = np.zeros(palette.shape, np.float64)
-        counts = np.zeros(len(palette), np.int64)
+        counts = np.zeros(len(palette), np.float64)  # the weight each entry holds
         for j in np.flatnonzero(sizes).tolist():
             idx = order[starts[j] : starts[j] + sizes[j]]
             xj = x[idx]
@@ -182,16 +192,26 @@ def _refine(x: torch.Tensor, cell: torch.Tensor, palette: torch.Tensor, bases: n
             lab_sorted = lab.numpy()[by]
             first = np.flatnonzero(np.r_[True, lab_sorted[1:] != lab_sorted[:-1]])
             uniq = lab_sorted[first]
-            sums[uniq] += np.add.reduceat(xj.numpy()[by], first, axis=0, dtype=np.float64)
-            counts[uniq] += np.diff(np.r_[first, len(lab_sorted)])
+            if weights is None:
+                wj = np.ones(len(by))
+            else:
+                wj = weights[idx.numpy()[by]].astype(np.float64)
+            sums[uniq] += np.add.reduceat(xj.numpy()[by] * wj[:, None], first, axis=0)
+            counts[uniq] += np.add.reduceat(wj, first)
         full = counts > 0
         palette[torch.from_numpy(full)] = torch.from_numpy(
             (sums[full] / counts[full, None]).astype(np.float32))
     return labels
 
 
-def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def kmeans(
+    rows: np.ndarray, k: int, iterations: int = 10, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A palette of ``min(k, N)`` centroids of ``rows`` [N, D] and each row's label.
+
+    ``weights`` [N] (> 0), when given, weight each row in the last update of the entries
+    (each entry the weighted mean of its rows; SOG passes the Gaussians' opacities: an
+    opaque Gaussian's colour shows more).
 
     Returns:
         (centroids [k', D] float32, labels [N] int64).
@@ -202,7 +222,7 @@ def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, 
     if k <= FLAT_MAX or n * k <= FLAT_WORK:
         c = _fit(x, k, iterations)
         labels = _assign(x, c)
-        return _means(x, labels, c).numpy(), labels.numpy()  # the means of all rows held
+        return _means(x, labels, c, weights).numpy(), labels.numpy()  # of all rows held
     coarse = _fit(x, max(2, math.isqrt(k)), iterations)
     cell = _assign(x, coarse)
     order = torch.argsort(cell, stable=True)
@@ -218,5 +238,5 @@ def kmeans(rows: np.ndarray, k: int, iterations: int = 10) -> tuple[np.ndarray, 
     palette = torch.cat(palette)
     bases = np.cumsum(share) - share
     labels = _refine(x, cell, palette, bases, share, _neighbours(coarse, NEAR_CELLS),
-                     REFINE_PASSES)
+                     REFINE_PASSES, weights)
     return palette.numpy(), labels.numpy()

