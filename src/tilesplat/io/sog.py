@@ -105,8 +105,9 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
         raise ValueError(f"SOG textures hold at most 16383 x 16383 Gaussians, got {n}")
     order = sort_centers(torch.from_numpy(a["means"]), torch.arange(n)).numpy()
     # Pillow's WebP encoder releases the GIL: the textures encode on a second core while
-    # the next one is built (and the SH palette is clustered)
-    pool = ThreadPoolExecutor(2)
+    # the next one is built and the SH palette is clustered (on one thread: io/kmeans.py).
+    # One encoder at a time: each holds ~100 MB of its own at 3 M Gaussians
+    pool = ThreadPoolExecutor(1)
 
     def texture(*channels: np.ndarray) -> Future:
         img = np.zeros((h * w, 4), np.uint8)
