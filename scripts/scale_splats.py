@@ -4,7 +4,8 @@
 
 The parent makes a random model of ``--gaussians`` Gaussians of SH degree 3 (float32, saved
 as one ``.npy`` per key) and runs each write and each read in a fresh child process, so
-that one format's peak does not mix with another's. A child reports:
+that one format's peak does not mix with another's, with the ``tilesplat`` command's
+environment defaults (``OMP_WAIT_POLICY=PASSIVE``, huge pages). A child reports:
 
 - ``baseline``: its RSS after imports (Python, torch, NumPy, tilesplat), counted apart;
 - ``peak``: VmHWM minus that baseline. A writer's peak includes the model it was handed
@@ -135,6 +136,17 @@ def child(action: str, fmt: str, folder: Path) -> dict:
     return report
 
 
+def _command_env() -> dict[str, str]:
+    """This environment with the ``tilesplat`` command's defaults where unset (OpenMP's
+    wait policy PASSIVE, huge pages: tilesplat.command_env), so that a child measures what
+    ``tilesplat export`` does."""
+    import os
+
+    from tilesplat.command_env import DEFAULTS
+
+    return {**DEFAULTS, **os.environ}
+
+
 def run_all(n: int, folder: Path, formats: list[str], in_process: bool = False) -> dict:
     """Every format written then read, each in a fresh child (or, ``in_process``, all in
     this process: quick, but the peaks then mix): the report (a dict)."""
@@ -152,7 +164,7 @@ def run_all(n: int, folder: Path, formats: list[str], in_process: bool = False) 
                 continue
             out = subprocess.run(
                 [sys.executable, __file__, "--child", action, fmt, str(folder)],
-                capture_output=True, text=True, check=False,
+                capture_output=True, text=True, check=False, env=_command_env(),
             )  # fmt: skip
             if out.returncode != 0:
                 raise RuntimeError(f"{action} {fmt} failed:\n{out.stderr[-3000:]}")

@@ -317,3 +317,42 @@ def test_every_format_has_a_name_and_dispatch_prefers_the_longest_ending(tmp_pat
         back = read_gaussians(save_gaussians(tmp_path / f"m{suffix}", g)).gaussians
         assert back["means"].shape == (30, 3), suffix
         assert abs(float(all_sh(back)[:, 0].mean() - all_sh(g)[:, 0].mean())) < 0.01 / SH_C0
+
+
+def test_kmeans_two_level_entries_are_the_means_of_their_rows_and_near_one_level(monkeypatch):
+    """The two-level palette (coarse cells, a k-means in each, then a pass over every row
+    against its cell's and the nearest cells' entries): each entry is the mean of the rows
+    labelled with it, and the error is within 10 % of one level's Lloyd."""
+    from tilesplat.io import kmeans as km
+
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(300, 45)).astype(np.float32)
+    rows = centres[rng.integers(0, 300, 6000)] + rng.normal(size=(6000, 45)).astype(
+        np.float32
+    ) * 0.3
+    monkeypatch.setattr(km, "FLAT_MAX", 1024)
+    monkeypatch.setattr(km, "FLAT_WORK", 0)
+    c1, l1 = km.kmeans(rows, 256, 10)
+    monkeypatch.setattr(km, "FLAT_MAX", 64)  # 256 entries: 16 coarse cells
+    c2, l2 = km.kmeans(rows, 256, 10)
+    assert c2.shape == (256, 45) and l2.shape == (6000,) and l2.max() < 256
+    for j in np.unique(l2):
+        assert np.allclose(c2[j], rows[l2 == j].mean(0), atol=1e-5), j
+    err1, err2 = (float(((rows - c[lab]) ** 2).sum(1).mean()) for c, lab in ((c1, l1), (c2, l2)))
+    assert err2 <= 1.1 * err1, (err1, err2)
+
+
+@pytest.mark.parametrize("flat_max", [1024, 64])  # one level; two levels
+def test_kmeans_entries_are_the_weighted_means_of_their_rows(monkeypatch, flat_max):
+    from tilesplat.io import kmeans as km
+
+    rng = np.random.default_rng(6)
+    rows = rng.normal(size=(3000, 45)).astype(np.float32)
+    weights = rng.random(3000) + 0.05
+    monkeypatch.setattr(km, "FLAT_MAX", flat_max)
+    monkeypatch.setattr(km, "FLAT_WORK", 0)
+    c, labels = km.kmeans(rows, 256, 10, weights)
+    for j in np.unique(labels):
+        m = labels == j
+        want = (rows[m] * weights[m, None]).sum(0) / weights[m].sum()
+        assert np.allclose(c[j], want, atol=1e-5), j

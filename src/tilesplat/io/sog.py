@@ -29,6 +29,7 @@ import io
 import json
 import math
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -103,15 +104,19 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     if w > 16383 or h > 16383:
         raise ValueError(f"SOG textures hold at most 16383 x 16383 Gaussians, got {n}")
     order = sort_centers(torch.from_numpy(a["means"]), torch.arange(n)).numpy()
+    # Pillow's WebP encoder releases the GIL: the textures encode on a second core while
+    # the next one is built and the SH palette is clustered (on one thread: io/kmeans.py).
+    # One encoder at a time: each holds ~100 MB of its own at 3 M Gaussians
+    pool = ThreadPoolExecutor(1)
 
-    def texture(*channels: np.ndarray) -> bytes:
+    def texture(*channels: np.ndarray) -> Future:
         img = np.zeros((h * w, 4), np.uint8)
         img[:, 3] = 255
         for i, c in enumerate(channels):
             img[:n, i] = c
-        return _webp(img.reshape(h, w, 4))
+        return pool.submit(_webp, img.reshape(h, w, 4))
 
-    files: dict[str, bytes] = {}
+    files: dict[str, Future | bytes] = {}
     lt = _log_transform(a["means"][order].astype(np.float64))
     mins, maxs = lt.min(0), lt.max(0)
     span = np.where(maxs > mins, maxs - mins, 1.0)
@@ -143,19 +148,25 @@ def encode_sog(splats: dict[str, torch.Tensor], antialiased: bool = False) -> di
     if degree:
         c = SH_COEFFS[degree]
         # coefficient-major rows: a view, no copy; the centroids go channel-major below
-        centroids, labels = kmeans(a["shN"].reshape(n, 3 * c), palette_size(n), SH_ITERATIONS)
+        # each entry the opacity-weighted mean of its Gaussians: a 10 K random model's
+        # render is 1.7 dB nearer the original's than with plain means
+        weight = np.maximum(1.0 / (1.0 + np.exp(-a["opacities"].astype(np.float64))), 1e-6)
+        centroids, labels = kmeans(a["shN"].reshape(n, 3 * c), palette_size(n), SH_ITERATIONS,
+                                   weight)  # fmt: skip
         labels = labels[order]
         book, lab = kmeans_1d(centroids)  # [P, C * 3] indices
         p = len(centroids)
         pal = np.zeros((math.ceil(p / 64) * 64, c, 4), np.uint8)
         pal[..., 3] = 255
         pal[:p, :, :3] = lab.reshape(p, c, 3)
-        files["shN_centroids.webp"] = _webp(pal.reshape(-1, 64 * c, 4))
+        files["shN_centroids.webp"] = pool.submit(_webp, pal.reshape(-1, 64 * c, 4))
         files["shN_labels.webp"] = texture(labels & 0xFF, labels >> 8)
         meta["shN"] = {"count": p, "bands": degree, "codebook": book.tolist(),
                        "files": ["shN_centroids.webp", "shN_labels.webp"]}  # fmt: skip
-    files["meta.json"] = json.dumps(meta).encode("utf-8")
-    return files
+    with pool:
+        out = {name: f.result() for name, f in files.items()}
+    out["meta.json"] = json.dumps(meta).encode("utf-8")
+    return out
 
 
 def save_sog(
