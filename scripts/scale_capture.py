@@ -178,9 +178,11 @@ def run_stages(root: Path, run_dir: Path, steps: int, eval_every: int, eval_max_
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     def stage(name: str, start: float, peak: int | None = None) -> None:
-        report["stages"][name] = {"seconds": time.perf_counter() - start,
-                                  "peak": peak if peak is not None else _status("VmHWM"),
-                                  "rss": _status("VmRSS")}
+        report["stages"][name] = got = {"seconds": time.perf_counter() - start,
+                                        "peak": peak if peak is not None else _status("VmHWM"),
+                                        "rss": _status("VmRSS")}
+        print(f"{name}: {got['seconds']:.1f} s, peak {got['peak'] / 2**30:.2f} GiB",
+              file=sys.stderr, flush=True)
         _reset_peak()
 
     cfg = TrainConfig(
@@ -212,6 +214,8 @@ def run_stages(root: Path, run_dir: Path, steps: int, eval_every: int, eval_max_
         out = train_step(step)
         if step == 0:
             first.update(seconds=time.perf_counter() - t, peak=_status("VmHWM"))
+            print(f"first_step: {first['seconds']:.1f} s, peak {first['peak'] / 2**30:.2f} GiB",
+                  file=sys.stderr, flush=True)
             _reset_peak()
             first["after"] = time.perf_counter()
         return out
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-max-views", type=int, default=4)
-    ap.add_argument("--eval-tile-pixels", type=int, default=1 << 20)
+    ap.add_argument("--eval-tile-pixels", type=int, default=1 << 18)
     ap.add_argument("--image-cache-mb", type=float, default=0.0)
     ap.add_argument("--splats", type=int, default=0,
                     help="also scripts/scale_splats.py's PLY write and read of N Gaussians")
@@ -318,10 +322,11 @@ def main(argv: list[str] | None = None) -> dict:
                "--eval-tile-pixels", str(args.eval_tile_pixels),
                "--image-cache-mb", str(args.image_cache_mb)]
         env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        # the child's stage lines go to this process's stderr as they come
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
-            raise RuntimeError(f"the training child failed:\n{done.stdout}\n{done.stderr}")
+            raise RuntimeError(f"the training child failed ({done.returncode}):\n{done.stdout}")
         report = json.loads(line[len("RESULT "):])
         report.update(capture_seconds=written, image_cache_mb=args.image_cache_mb,
                       capture_bytes=sum(p.stat().st_size for p in (root / "images").iterdir()),

@@ -11,9 +11,10 @@ The views are rendered, scored and written one at a time (a view's render, image
 temporaries are freed before the next is rendered); a view of more pixels than
 ``eval_tile_pixels`` is scored in strips (:mod:`.tiled_view`), so that the scores need the
 largest view's render and image in float32 (24 bytes a pixel) plus a strip's float64 work,
-not the whole view's float64 temporaries (~1.5 GB at 3000x2000). The render itself is whole
-(what a training step of that view renders), or in crops of ``eval_crop_pixels``. During
-training ``eval_max_views`` bounds the views scored (:func:`spaced_views`)."""
+not the whole view's float64 temporaries (~180 bytes a pixel, ~1 GB at 3000x2000). The
+render itself is whole (what a training step of that view renders), or in crops of
+``eval_crop_pixels``. During training ``eval_max_views`` bounds the views scored
+(:func:`spaced_views`)."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ from .tiled_view import render_in_crops, strip_scores
 METRICS = ("psnr", "ssim", "cc_psnr", "cc_ssim", "masked_psnr", "masked_ssim", "lpips")
 
 KEYS = (
-    Key("eval_tile_pixels", 1 << 20, "evaluation: a view of more pixels is scored in strips of "
-        "at most this many (the whole view's numbers within float64 rounding; bounds the "
-        "metrics' memory at real size, train/rundir/tiled_view.py)", ge=4096),
+    Key("eval_tile_pixels", 1 << 18, "evaluation: a view of more pixels is scored in strips of "
+        "at most this many (the whole view's numbers within float64 rounding; the float64 "
+        "SSIM and colour fit of a whole view take ~180 bytes a pixel: this bounds them at "
+        "real size, train/rundir/tiled_view.py)", ge=4096),
     Key("eval_crop_pixels", 0, "evaluation: a view of more pixels is rendered in crops of the "
         "camera of at most this many (0: every view renders whole, as a training step "
         "renders it). A crop's pixels equal the whole render's except near Gaussians centred "
