@@ -64,6 +64,9 @@ KEYS = (
     Key("log_every", 25, "record loss, PSNR and Gaussian count every n steps", ge=1),
     Key("eval_every", 0, "measure the test PSNR every n steps during training (0: only at the "
         "end)", ge=0),
+    Key("eval_max_views", 0, "at most this many test views in each evaluation during training, "
+        "evenly spaced and the same ones each time (0: all); the end of the run scores every "
+        "view", ge=0),
     Key("progress", True, "show a progress line (steps/s, loss, PSNR, Gaussians)"),
     Key("viewer_port", 0, "serve a live view of the training at http://127.0.0.1:PORT while it "
         "runs (pip install \"tilesplat[viewer]\"; docs/viewer.md); 0: off", ge=0, le=65535),
@@ -317,15 +320,17 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------
 
     def test_psnr(self) -> float:
-        """Mean PSNR over the test views (train views when there are none); NaN on the ranks
-        > 0 of a model-parallel job (rank 0 evaluates the gathered model)."""
-        from ..rundir.evaluate import evaluate
+        """Mean PSNR over the test views (train views when there are none), at most
+        ``eval_max_views`` of them evenly spaced; NaN on the ranks > 0 of a model-parallel job
+        (rank 0 evaluates the gathered model)."""
+        from ..rundir.evaluate import evaluate, spaced_views
 
         params = self.served_params()
         if params is None:
             return float("nan")
         frames = self.dataset.test or trained_dataset(self.features, self.dataset).train
         self.board.add_renders(self.step, params, frames, self.cfg, self.dataset.background)
+        frames = spaced_views(frames, self.cfg.eval_max_views)
         return evaluate(params, frames, self.cfg, self.dataset.background)["psnr"]
 
     def _open_viewer(self) -> Any:

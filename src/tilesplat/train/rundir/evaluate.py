@@ -5,7 +5,16 @@ PSNR and SSIM after a least-squares colour fit of the render to the image (``cc_
 The colour-corrected numbers are computed for every run, whether ``post_processing`` is on or
 not, so that runs with and without appearance compensation compare on one scale (a model
 trained with per-image transforms has the colours of no photo in particular; one trained
-without has the average's); the fit costs a 10 x 10 solve per channel and view."""
+without has the average's); the fit costs a 10 x 10 solve per channel and view.
+
+The views are rendered, scored and written one at a time (a view's render, image and
+temporaries are freed before the next is rendered); a view of more pixels than
+``eval_tile_pixels`` is scored in strips (:mod:`.tiled_view`), so that the scores need the
+largest view's render and image in float32 (24 bytes a pixel) plus a strip's float64 work,
+not the whole view's float64 temporaries (~180 bytes a pixel, ~1 GB at 3000x2000). The
+render itself is whole (what a training step of that view renders), or in crops of
+``eval_crop_pixels``. During training ``eval_max_views`` bounds the views scored
+(:func:`spaced_views`)."""
 
 from __future__ import annotations
 
@@ -21,15 +30,31 @@ from torch import Tensor
 from ...data.dataset import Frame
 from ...data.lens import stacked
 from ...io.images import write_png
+from ...keys import Key
+from .. import seams
 from ..config import TrainConfig
 from ..features.pose_align import aligned_frame
 from ..models import Cameras, Render, model_kind
-from ..models.base import lens_to
+from ..models.base import ModelKind, lens_to
 from ..step.device import training_device
 from ..step.masks import masks_to, view_metrics
 from ..step.metrics import color_correct, psnr, ssim_metric
+from .tiled_view import render_in_crops, strip_scores
 
 METRICS = ("psnr", "ssim", "cc_psnr", "cc_ssim", "masked_psnr", "masked_ssim", "lpips")
+
+KEYS = (
+    Key("eval_tile_pixels", 1 << 18, "evaluation: a view of more pixels is scored in strips of "
+        "at most this many (the whole view's numbers within float64 rounding; the float64 "
+        "SSIM and colour fit of a whole view take ~180 bytes a pixel: this bounds them at "
+        "real size, train/rundir/tiled_view.py)", ge=4096),
+    Key("eval_crop_pixels", 0, "evaluation: a view of more pixels is rendered in crops of the "
+        "camera of at most this many (0: every view renders whole, as a training step "
+        "renders it). A crop's pixels equal the whole render's except near Gaussians centred "
+        "beyond the crop's field of view widened by 15% (the projection's Jacobian is clamped "
+        "there, as gsplat's)", ge=0),
+)
+seams.register_keys("evaluation (train/rundir/evaluate.py)", KEYS)
 
 
 def render_view(
@@ -58,6 +83,26 @@ def render_frame(
     return render_view(params, frame, cfg, background).colors[0].clamp(0.0, 1.0)
 
 
+def spaced_views(frames: Sequence[Frame], most: int) -> list[Frame]:
+    """At most ``most`` of ``frames``, evenly spaced from the first (the same ones each
+    call); all of them for ``most`` = 0 or at least their number."""
+    n = len(frames)
+    if most <= 0 or most >= n:
+        return list(frames)
+    return [frames[i * n // most] for i in range(most)]
+
+
+def view_scores(image: Tensor, target: Tensor, mask: Tensor | None) -> dict[str, Any]:
+    """``psnr``, ``ssim``, ``cc_psnr``, ``cc_ssim`` (and with a mask ``masked_psnr``,
+    ``masked_ssim``) of one whole view: image, target [H, W, 3], mask [H, W] bool or None."""
+    view: dict[str, Any] = {"psnr": psnr(image, target), "ssim": ssim_metric(image, target)}
+    corrected = color_correct(image, target)
+    view["cc_psnr"] = psnr(corrected, target)
+    view["cc_ssim"] = ssim_metric(corrected, target)
+    view.update(view_metrics(image, target, mask))
+    return view
+
+
 def _file_name(frame: Frame, index: int, used: set[str]) -> str:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(frame.name).name) or f"view_{index:04d}"
     name = f"{stem}.png"
@@ -76,11 +121,16 @@ def evaluate(
     out_dir: str | Path | None = None,
     lpips_fn: Callable[[Tensor, Tensor], float] | None = None,
 ) -> dict[str, Any]:
-    """Render every frame, compare with its image, optionally write the renders as PNG.
+    """Render every frame, compare with its image, optionally write the renders as PNG; one
+    view at a time, each PNG written (atomically) as its view finishes.
 
     The views render on the config's device (:func:`.device.training_device`; the
     parameters are moved there when they are elsewhere), the PNGs and numbers come back
-    to the CPU.
+    to the CPU. A view of more than ``eval_tile_pixels`` pixels is scored in strips
+    (:mod:`.tiled_view`; the same numbers within float64 rounding), one of more than
+    ``eval_crop_pixels`` (when set) rendered in crops, unless the model kind writes pictures
+    of its own (2DGS's normals from the depth would differ at a crop's edge). LPIPS, when
+    asked, scores the whole view.
 
     Args:
         params: model parameters (see ``splats.py``).
@@ -105,6 +155,9 @@ def evaluate(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
     model = model_kind(cfg)
+    # a kind's own pictures are made from the whole render (the base writes none)
+    whole_only = folder is not None and type(model).write_renders is not ModelKind.write_renders
+    budget, crop = int(cfg.eval_tile_pixels), int(cfg.eval_crop_pixels)
     used: set[str] = set()
     views = []
     render_time = 0.0
@@ -116,27 +169,31 @@ def evaluate(
                     frame, lambda f: render_view(frozen, f, cfg, background),
                     cfg.test_pose_align_steps, cfg.test_pose_align_lr,
                 )
+        pixels = frame.width * frame.height
         t0 = time.perf_counter()
-        rendered = render_view(params, frame, cfg, background)
-        image = rendered.colors[0].clamp(0.0, 1.0)
+        rendered: Render | None = None
+        if 0 < crop < pixels and not whole_only:
+            image = render_in_crops(
+                lambda f: render_view(params, f, cfg, background).colors[0].clamp(0.0, 1.0),
+                frame, crop)
+        else:
+            rendered = render_view(params, frame, cfg, background)
+            image = rendered.colors[0].clamp(0.0, 1.0)
         render_time += time.perf_counter() - t0
         target = frame.image.to(device).float()
-        view: dict[str, Any] = {
-            "name": frame.name,
-            "psnr": psnr(image, target),
-            "ssim": ssim_metric(image, target),
-        }
-        corrected = color_correct(image, target)
-        view["cc_psnr"] = psnr(corrected, target)
-        view["cc_ssim"] = ssim_metric(corrected, target)
-        view.update(view_metrics(image, target, masks_to(frame.mask, device)))
+        mask = masks_to(frame.mask, device)
+        view: dict[str, Any] = {"name": frame.name}
+        view.update(strip_scores(image, target, mask, budget) if pixels > budget
+                    else view_scores(image, target, mask))
         if lpips_fn is not None:
             view["lpips"] = lpips_fn(image, target)
         if folder is not None:
             name = _file_name(frame, i, used)
             write_png(folder / name, image)
-            model.write_renders(folder, name, rendered)  # the kind's own pictures beside it
+            if rendered is not None:  # the kind's own pictures beside it
+                model.write_renders(folder, name, rendered)
         views.append(view)
+        del rendered, image, target, mask  # freed before the next view renders
     out: dict[str, Any] = {}
     for key in METRICS:  # the masked ones over the views with masks
         have = [v[key] for v in views if key in v]
