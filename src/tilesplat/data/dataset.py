@@ -10,9 +10,11 @@ The types (:class:`Frame`, :class:`SceneDataset`) and the loaders' shared helper
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..lookup import module_function
 from .exposure import MARKER as EXPOSURE_MARKER
@@ -46,7 +48,8 @@ __all__ = [
 class Layout:
     """A dataset layout: how its folder is recognised, what it holds (for the error message),
     and the reader module ``data/<module>.py``, whose ``load_<module>(path, *, downscale,
-    white_background, test_every, masks_dir, log, camera_mode)`` loads it."""
+    white_background, test_every, masks_dir, log)`` loads it; a reader of distorted cameras
+    takes ``camera_mode`` too (one without it loads its cameras as they are in every mode)."""
 
     name: str
     matches: Callable[[Path], bool]
@@ -136,8 +139,11 @@ def load_dataset(
     if camera_mode not in LOAD_MODES:
         raise ValueError(f"camera_mode must be one of {list(LOAD_MODES)}, got {camera_mode!r}")
     configure_image_cache(image_cache_mb)
-    dataset = _layout(Path(path)).load(
-        path, downscale=downscale, white_background=white_background, test_every=test_every,
-        masks_dir=masks_dir or None, log=log, camera_mode=camera_mode,
-    )
+    load = _layout(Path(path)).load
+    options: dict[str, Any] = {"downscale": downscale, "white_background": white_background,
+                               "test_every": test_every, "masks_dir": masks_dir or None,
+                               "log": log}
+    if "camera_mode" in inspect.signature(load).parameters:  # readers of distorted cameras
+        options["camera_mode"] = camera_mode
+    dataset = load(path, **options)
     return check_finite_scene(dataset, path)  # before any run folder is made
