@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from tilesplat.data.dataset import Frame
@@ -62,3 +63,50 @@ def camera_errors(est: torch.Tensor, truth: torch.Tensor) -> tuple[torch.Tensor,
     rel = truth[:, :3, :3] @ align @ est[:, :3, :3].transpose(1, 2)
     cos = ((rel.diagonal(dim1=1, dim2=2).sum(-1) - 1.0) / 2.0).clamp(-1.0, 1.0)
     return torch.rad2deg(torch.acos(cos)), centre_err
+
+
+def rotation_aligned_errors(est: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """[N] rotation errors in degrees of world-to-camera matrices ``est`` [N, 4, 4] against
+    ``truth`` after the one rotation of the world that best fits the estimated camera
+    orientations to the true ones (the chordal L2 mean of the relative rotations): the
+    gauge fixed by the rotations instead of the centres."""
+    est, truth = est.double(), truth.double()
+    rel = truth[:, :3, :3].transpose(1, 2) @ est[:, :3, :3]  # R_t^T R_e: world rotation per camera
+    u, _, vt = torch.linalg.svd(rel.sum(0))
+    d = torch.sign(torch.det(u @ vt))
+    mean = u @ torch.diag(torch.tensor([1.0, 1.0, float(d)], dtype=torch.float64)) @ vt
+    rel = truth[:, :3, :3] @ mean @ est[:, :3, :3].transpose(1, 2)
+    cos = ((rel.diagonal(dim1=1, dim2=2).sum(-1) - 1.0) / 2.0).clamp(-1.0, 1.0)
+    return torch.rad2deg(torch.acos(cos))
+
+
+def relative_rotation_errors(est: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """[N - 1] rotation errors in degrees of the relative rotations of consecutive cameras
+    (RPE's rotation part, Sturm et al. 2012; no alignment: the whole scene's motion cancels)
+    of world-to-camera matrices ``est`` [N, 4, 4] against ``truth``."""
+    est, truth = est[:, :3, :3].double(), truth[:, :3, :3].double()
+    rel_e = est[1:] @ est[:-1].transpose(1, 2)
+    rel_t = truth[1:] @ truth[:-1].transpose(1, 2)
+    diff = rel_t @ rel_e.transpose(1, 2)
+    cos = ((diff.diagonal(dim1=1, dim2=2).sum(-1) - 1.0) / 2.0).clamp(-1.0, 1.0)
+    return torch.rad2deg(torch.acos(cos))
+
+
+def outward_poses(n: int = 24, seed: int = 3) -> np.ndarray:
+    """[n, 4, 4] world-to-camera (OpenCV axes) of the outward-looking capture: a ring of
+    cameras 1.1-1.4 m from the room's centre (tilesplat.data.room), 0.9-1.3 m high, each
+    looking out at the walls (1.6-2.5 m away) and slightly down, seeded."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, 4, 4))
+    for i in range(n):
+        a = 2 * np.pi * i / n + rng.uniform(-0.05, 0.05)
+        r = rng.uniform(1.1, 1.4)
+        eye = np.array([r * np.cos(a), r * np.sin(a), rng.uniform(0.9, 1.3)])
+        j = a + rng.uniform(-0.15, 0.15)
+        fwd = np.array([np.cos(j), np.sin(j), rng.uniform(-0.35, -0.1)])
+        fwd /= np.linalg.norm(fwd)
+        right = np.cross(fwd, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        R = np.stack([right, np.cross(fwd, right), fwd])
+        out[i, :3, :3], out[i, :3, 3], out[i, 3, 3] = R, -R @ eye, 1.0
+    return out

@@ -14,6 +14,10 @@ noisy 26.13 dB without, 27.12 dB with (0.77 of the gap); median rotation error 0
 degrees, mean centre error 0.0163 -> 0.0125 (after the best rigid alignment, see
 pose_helpers.camera_errors); perfect poses 27.37 dB with (0.04 dB lost, 0.09 degrees of
 drift).
+
+The outward-looking capture (24 cameras on a ring looking out at the room's walls, 80x60, 200
+steps) is held to the gap share and the perfect-pose cost; its rotation criterion is missed
+(1.3x, docs/training.md): the test holds the 1.2x it reaches, so that a regression shows.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import torch
 from PIL import Image
 
 from capture_helpers import TEST_EVERY, TRAIN, psnr_on, shared_captures
-from pose_helpers import camera_errors, perturb_poses
+from pose_helpers import camera_errors, outward_poses, perturb_poses
+from tilesplat.data.captures import pinhole_camera, scene_points, write_capture
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.rendering import rasterization
@@ -193,6 +198,49 @@ def test_perfect_poses_lose_at_most_a_fifth_of_a_db(room, clean_twin, tmp_path):
     print(f"perfect poses: test PSNR {clean_twin:.2f} dB without, {refined:.2f} dB with "
           f"pose_opt (drift: median {rot.median():.3f} deg, mean centre {shift.mean():.4f})")
     assert refined >= clean_twin - LOSS_DB, (clean_twin, refined)
+
+
+# The outward-looking capture (the judging capture the defaults were not tuned on): 24
+# cameras on a ring 1.1-1.4 m from the room's centre looking out at its walls, 80x60, its
+# ray-cast points; 200 steps (300 in docs/training.md's table) to keep CI short.
+OUTWARD_STEPS = ["steps=200"]
+OUTWARD_ROTATION_GAIN = 1.2  # measured 1.3x (0.80 -> 0.62 deg): the issue's 2x is missed
+
+
+@pytest.fixture(scope="module")
+def outward(tmp_path_factory):
+    """(psnr of the arms, median rotation errors before and after) of the outward capture:
+    noisy poses without and with pose_opt, the clean twin, perfect poses with."""
+    folder = tmp_path_factory.mktemp("outward") / "capture"
+    cam, views = pinhole_camera(80, 60), outward_poses()
+    write_capture(folder, cam, views, points=scene_points(views, cam, stride=4))
+    ds = load_dataset(folder, test_every=TEST_EVERY)
+    noisy = dataclasses.replace(ds, train=perturb_poses(ds.train, distance=ROOM_DISTANCE))
+    run = tmp_path_factory.mktemp("outward_runs")
+    psnr = {"plain": _train(noisy, run / "plain", OUTWARD_STEPS)[1],
+            "twin": _train(ds, run / "twin", OUTWARD_STEPS)[1],
+            "perfect": _train(ds, run / "perfect", [*OUTWARD_STEPS, "pose_opt=true"])[1]}
+    trainer, psnr["refined"] = _train(noisy, run / "pose", [*OUTWARD_STEPS, "pose_opt=true"])
+    truth = _viewmats(ds.train)
+    rot0, _ = camera_errors(_viewmats(noisy.train), truth)
+    rot, _ = camera_errors(trainer.features[0].refined_viewmats(), truth)
+    print(f"outward: noisy {psnr['plain']:.2f} dB without, {psnr['refined']:.2f} with, clean "
+          f"twin {psnr['twin']:.2f}, perfect poses with {psnr['perfect']:.2f}; median rotation "
+          f"error {rot0.median():.3f} -> {rot.median():.3f} deg")
+    return psnr, float(rot0.median()), float(rot.median())
+
+
+def test_outward_capture_recovers_the_gap_and_costs_little(outward):
+    """The outward capture: at least half of the gap recovered, at most 0.2 dB lost on
+    perfect poses, the median rotation error lower. Measured: noisy 26.70 dB without, 27.24
+    with, clean twin 27.35 (0.83 of the gap); perfect poses 27.33 (-0.02 dB); median rotation
+    error 0.80 -> 0.62 degrees (1.3x)."""
+    psnr, rot0, rot = outward
+    share = (psnr["refined"] - psnr["plain"]) / (psnr["twin"] - psnr["plain"])
+    assert psnr["twin"] > psnr["plain"] + 0.5, psnr
+    assert share >= GAP_SHARE, psnr
+    assert psnr["perfect"] >= psnr["twin"] - LOSS_DB, psnr
+    assert rot * OUTWARD_ROTATION_GAIN <= rot0, (rot0, rot)
 
 
 @pytest.fixture(scope="module")
