@@ -1,7 +1,9 @@
 """The exposure scene (data/exposure.py) and what appearance compensation buys on it: trained
 on photos of x0.6-1.5 gain and +-0.05 offsets, with ``post_processing`` the colour-corrected
 test PSNR is at least 1.5 dB (bilateral_grid) or 1 dB (affine) above that of no compensation
-(the issue's margins; measured +2.6 to +2.8 dB with these settings, docs/training.md)."""
+(the issue's margins), at the defaults (the rate and warm-up scaled to the 600 steps, the
+grid 2x2x4 from the 64-pixel images): measured 22.42 dB without, +2.39 dB with the grid,
++3.25 dB with affine (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -19,12 +19,11 @@ follows the image size (``appearance_settings.py``). After every step the mean o
 of the transforms' departure from the identity is removed (``post_processing_zero_mean``): a
 change every photo shares is the scene's colour, for the model to hold; without it the
 model's colours drift to a scale of no photo (the transforms and the model trade a common
-factor freely) and the plain test PSNR falls, 24.5 -> 17.4 dB on the outward capture.
-The transforms explain each photo's
-colours, so the model keeps the colours common to all of them; the test views, which have no
-transform, are rendered as the model is (``evaluate.py``), and scored plainly and after a
-least-squares colour fit (``cc_psnr``, ``metrics.py``), since the model's colours are those of
-no photo in particular.
+factor freely) and the plain test PSNR falls (the outward capture, 80 x 60, 300 steps: 24.5
+-> 17.4 dB). The transforms explain each photo's colours, so the model keeps the colours
+common to all of them; the test views, which have no transform, are rendered as the model
+is (``evaluate.py``), and scored plainly and after a least-squares colour fit (``cc_psnr``,
+``metrics.py``), since the model's colours are those of no photo in particular.
 
 The transforms run after the render in plain PyTorch, on the training device, with every
 backend. They are checkpointed with their Adam state, and ``appearance.json`` in the run

@@ -9,9 +9,9 @@ on small images, the transforms barely move and the grid fits texture: on the ro
 
 - the rate is that of a run of ``post_processing_lr_steps`` steps (gsplat's 30,000), times
   sqrt(lr_steps / steps) (at most RATE_SCALE_MAX), and the warm-up is the same share of the
-  run (1,000 of 30,000: 10 steps of 300). The square root is what was measured: the best rate
-  at 300 steps was 1e-2 to 3e-2, at 1,000 steps 1e-2 (the linear rule of ``pose_opt_lr``
-  gave 0.2 at 300 steps, where 5e-2 already did worse);
+  run (1,000 of 30,000: 10 steps of 300). The square root is what was measured on the room:
+  the best rates at 300 steps were 1e-2 to 3e-2, at 1,000 steps 3e-3 and 1e-2 did alike (the
+  linear rule of ``pose_opt_lr`` gives 0.2 at 300 steps, where 5e-2 already did worse);
 - ``bilateral_grid_shape = "auto"`` gives a cell per GRID_PIXELS_PER_CELL pixels across and
   down (at least 1, at most gsplat's 16) and half as many luminance cells, between 4 and 8:
   gsplat's 16 x 16 x 8 from 640 pixels up, 2 x 2 x 4 at 80 x 60.
