@@ -6,13 +6,15 @@ the exposure scene's changes (a gain log-uniform in x0.6-1.5 and an offset per c
 A run is scored by its test views' cc PSNR; the clean twin is the same capture, unchanged,
 without compensation.
 
-``python tests/exposure_helpers.py W H STEPS [modes...]`` (``PYTHONPATH=src:tests``) prints
-the table of docs/training.md (Appearance compensation) at that size.
+``python tests/exposure_helpers.py W H STEPS [modes...] [--per-channel]``
+(``PYTHONPATH=src:tests``) prints the table of docs/training.md (Appearance compensation) at
+that size (with ``--per-channel``: a gain per channel).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import torch
 from tilesplat.data import room
 from tilesplat.data.captures import pinhole_camera, scene_points, write_capture
 from tilesplat.data.dataset import SceneDataset, load_dataset
-from tilesplat.data.exposure import exposure_changes
+from tilesplat.data.exposure import GAIN_RANGE, exposure_changes
 from tilesplat.train.config import TrainConfig, apply_overrides
 from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.rundir.evaluate import evaluate
@@ -68,12 +70,19 @@ def write_judging_capture(out: Path, kind: str, width: int, height: int) -> Path
     return out
 
 
-def exposed(ds: SceneDataset, seed: int = 0) -> SceneDataset:
-    """``ds`` with every training photo times its gain plus its offsets, clipped to [0, 1]."""
-    gains, offsets = exposure_changes(len(ds.train), seed)
-    train = [dataclasses.replace(f, image=(f.image * float(g) + torch.tensor(
-        o, dtype=f.image.dtype)).clamp(0.0, 1.0)) for f, g, o in
-        zip(ds.train, gains, offsets, strict=True)]
+def exposed(ds: SceneDataset, seed: int = 0, per_channel: bool = False) -> SceneDataset:
+    """``ds`` with every training photo times its gain plus its offsets, clipped to [0, 1];
+    with ``per_channel`` a gain per channel (white balance too), each log-uniform in the same
+    range."""
+    n = len(ds.train)
+    gains, offsets = exposure_changes(n, seed)
+    gains = np.repeat(gains[:, None], 3, axis=1)
+    if per_channel:
+        rng = np.random.default_rng([seed, 40])
+        gains = np.exp(rng.uniform(math.log(GAIN_RANGE[0]), math.log(GAIN_RANGE[1]), (n, 3)))
+    train = [dataclasses.replace(f, image=(f.image * torch.tensor(g, dtype=f.image.dtype)
+                                           + torch.tensor(o, dtype=f.image.dtype)).clamp(0, 1))
+             for f, g, o in zip(ds.train, gains, offsets, strict=True)]
     return dataclasses.replace(ds, train=train)
 
 
@@ -87,13 +96,14 @@ def cc_psnr_of(ds: SceneDataset, run: Path, steps: int, mode: str = "none") -> f
 
 
 def judge(base: Path, kind: str, width: int, height: int, steps: int,
-          modes: tuple[str, ...] = ("bilateral_grid",)) -> dict[str, float]:
+          modes: tuple[str, ...] = ("bilateral_grid",), per_channel: bool = False
+          ) -> dict[str, float]:
     """{"clean", "none", *modes}: the cc PSNR of the clean twin, of the exposed capture
-    without compensation and with each mode."""
+    (:func:`exposed`) without compensation and with each mode."""
     ds = load_dataset(write_judging_capture(base / f"{kind}_{width}x{height}", kind, width,
                                             height), test_every=TEST_EVERY)
     out = {"clean": cc_psnr_of(ds, base / f"{kind}_clean", steps)}
-    dark = exposed(ds)
+    dark = exposed(ds, per_channel=per_channel)
     for mode in ("none", *modes):
         out[mode] = cc_psnr_of(dark, base / f"{kind}_{mode}", steps, mode)
     return out
@@ -108,11 +118,12 @@ if __name__ == "__main__":
     import tempfile
 
     torch.set_num_threads(1)
-    w, h, steps = (int(a) for a in sys.argv[1:4])
-    modes = tuple(sys.argv[4:]) or ("bilateral_grid", "affine")
+    args = [a for a in sys.argv[1:] if a != "--per-channel"]
+    w, h, steps = (int(a) for a in args[:3])
+    modes = tuple(args[3:]) or ("bilateral_grid", "affine")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in CAPTURES:
-            r = judge(Path(tmp), kind, w, h, steps, modes)
+            r = judge(Path(tmp), kind, w, h, steps, modes, "--per-channel" in sys.argv)
             cells = " | ".join(f"{r[m]:.2f} dB ({share(r, m):.2f})" for m in modes)
             print(f"| {kind} | {w}x{h}, {steps} steps | {r['none']:.2f} dB | {cells} | "
                   f"{r['clean']:.2f} dB |", flush=True)
