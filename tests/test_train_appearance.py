@@ -16,6 +16,12 @@ from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.train.config import TrainConfig
 from tilesplat.train.features.appearance import FILE, AffineFeature, BilateralGridFeature, lr_factor
+from tilesplat.train.features.appearance_settings import (
+    auto_grid_shape,
+    parse_grid_shape,
+    rate_scale,
+    warmup_steps,
+)
 from tilesplat.train.features.bilateral_grid import (
     LUMA,
     apply_affine,
@@ -109,6 +115,32 @@ def test_learning_rate_schedule():
     assert lr_factor(0, 0, 1000) == 1.0
 
 
+def test_the_rate_and_warm_up_follow_the_run_length():
+    # gsplat's 30,000-step settings hold at 30,000 steps; a shorter run gets sqrt(30,000 /
+    # steps) of the rate (at most 10x) and the warm-up's share of the run
+    assert rate_scale(30_000, 30_000) == 1.0 and warmup_steps(1000, 30_000, 30_000) == 1000
+    assert rate_scale(3_000, 30_000) == pytest.approx(math.sqrt(10.0))
+    assert warmup_steps(1000, 3_000, 30_000) == 100
+    assert rate_scale(300, 30_000) == pytest.approx(10.0) and warmup_steps(1000, 300, 30_000) == 10
+    assert rate_scale(30, 30_000) == 10.0 and warmup_steps(1000, 12, 30_000) == 1
+    assert rate_scale(60_000, 30_000) == pytest.approx(math.sqrt(0.5))
+    assert rate_scale(300, 0) == 1.0 and warmup_steps(100, 300, 0) == 100  # 0: as given
+    assert warmup_steps(0, 300, 30_000) == 0
+
+
+def test_the_auto_grid_follows_the_image_size():
+    # a cell per 40 pixels, 1 to 16 across and down; half as many in luminance, 4 to 8
+    assert auto_grid_shape((80, 60)) == (2, 2, 4)
+    assert auto_grid_shape((128, 96)) == (3, 2, 4)
+    assert auto_grid_shape((16, 16)) == (1, 1, 4)
+    assert auto_grid_shape((400, 300)) == (10, 8, 5)
+    assert auto_grid_shape((1600, 1000)) == (16, 16, 8)  # gsplat's from 640 pixels up
+    assert parse_grid_shape("auto", (80, 60)) == (2, 2, 4)
+    assert parse_grid_shape("4x3x2", (80, 60)) == (4, 3, 2)
+    cfg = TrainConfig(post_processing="bilateral_grid").validate()
+    assert cfg.bilateral_grid_shape == "auto"
+
+
 def test_color_correction_never_lowers_psnr_and_leaves_a_match_alone():
     render = _colors(c=1, h=24, w=24, dtype=torch.float32, seed=6)[0]
     assert color_correct(render, render) is render  # already matching: unchanged
@@ -127,13 +159,16 @@ def test_color_correction_never_lowers_psnr_and_leaves_a_match_alone():
         color_correct(render, render[:, :3])
 
 
+SHAPE_ERROR = "bilateral_grid_shape must be 'auto' or three integers"
+
+
 @pytest.mark.parametrize(
     "keys, message",
     [
         (dict(post_processing="grid"), "post_processing must be one of"),
-        (dict(bilateral_grid_shape="4,4"), "bilateral_grid_shape must be three integers"),
-        (dict(bilateral_grid_shape="4,0,4"), "bilateral_grid_shape must be three integers"),
-        (dict(bilateral_grid_shape="a,b,c"), "bilateral_grid_shape must be three integers"),
+        (dict(bilateral_grid_shape="4,4"), SHAPE_ERROR),
+        (dict(bilateral_grid_shape="4,0,4"), SHAPE_ERROR),
+        (dict(bilateral_grid_shape="a,b,c"), SHAPE_ERROR),
         (dict(bilateral_grid_shape="512,512,8"), "more than 65536"),
         (dict(bilateral_grid_lr=-1.0), "bilateral_grid_lr must be >= 0"),
         (dict(bilateral_grid_tv=-1.0), "bilateral_grid_tv must be >= 0"),
@@ -183,6 +218,9 @@ def test_resume_is_bit_exact_and_the_transforms_are_written(mode, cls, tiny_scen
     start = feature.values.detach().clone()
     trainer.train()
     assert not torch.equal(feature.values.detach(), start)  # it learned
+    # the gauge fix: the transforms' mean over the images stays the identity
+    mean = feature.values.detach().mean(dim=0)
+    torch.testing.assert_close(mean, start[0], atol=1e-6, rtol=0)
     first = list_checkpoints(tmp_path / "run")[0]
     ckpt = load_checkpoint(first)  # weights_only=True
     assert int(ckpt["step"]) == 6 and set(ckpt["features"]) == {mode}
