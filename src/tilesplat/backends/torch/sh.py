@@ -71,21 +71,27 @@ def evaluate(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor | None) ->
     return colors
 
 
-def forward(degree, dirs, coeffs, masks, rows):
-    """colors [M, 3] of dirs [M, 3] and coeffs [Nb, K, 3] read through ``rows``
-    (``backends/sh_rows.py``)."""
-    return evaluate(degree, dirs, expand_rows(coeffs, rows), masks)
+def joined(coeffs: Tensor, rest: Tensor) -> Tensor:
+    """The coefficients [Nb, K0 + K1, 3] of the two parts (``ops/sh.py``)."""
+    return coeffs if rest.shape[1] == 0 else torch.cat([coeffs, rest], 1)
 
 
-def backward(degree, dirs, coeffs, masks, rows, v_colors, need_v_dirs):
+def forward(degree, dirs, coeffs, rest, masks, rows):
+    """colors [M, 3] of dirs [M, 3] and the coefficients ``coeffs`` [Nb, K0, 3] then ``rest``
+    [Nb, K1, 3], read through ``rows`` (``backends/sh_rows.py``)."""
+    return evaluate(degree, dirs, expand_rows(joined(coeffs, rest), rows), masks)
+
+
+def backward(degree, dirs, coeffs, rest, masks, rows, v_colors, need_v_dirs):
+    """(v_dirs [M, 3] or None, v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]) by autograd."""
     d = dirs if need_v_dirs else dirs.detach()
 
-    def fn(dirs, coeffs):
-        return (evaluate(degree, dirs, expand_rows(coeffs, rows), masks),)
+    def fn(dirs, coeffs, rest):
+        return (evaluate(degree, dirs, expand_rows(joined(coeffs, rest), rows), masks),)
 
     if need_v_dirs:
-        v_dirs, v_coeffs = recompute(fn, [d, coeffs], [v_colors])
+        v_dirs, v_coeffs, v_rest = recompute(fn, [d, coeffs, rest], [v_colors])
     else:
-        (v_coeffs,) = recompute(lambda c: fn(d, c), [coeffs], [v_colors])
+        v_coeffs, v_rest = recompute(lambda c, r: fn(d, c, r), [coeffs, rest], [v_colors])
         v_dirs = None
-    return v_dirs, v_coeffs
+    return v_dirs, v_coeffs, v_rest
