@@ -72,29 +72,40 @@ def _bits(t: torch.Tensor) -> bytes:
 
 
 @pytest.mark.backends("torch", "cpu", "cuda")
+@pytest.mark.parametrize("fused", [False, True], ids=["masks", "radii+rgb"])
 @pytest.mark.parametrize("degree, k0, lead, coeff_lead", [
     (3, 1, (1, 40), (40,)),  # the trainer's sh0 / shN, one camera sharing them
     (4, 4, (2, 40), (40,)),  # the split inside degree 1's coefficients, two cameras
     (2, 9, (40,), (40,)),  # nothing past the degree in the first part
     (1, 1, (2, 3, 40), (2, 1, 40)),  # batch dims
 ])
-def test_split_coefficients_give_the_same_bits(backend, degree, k0, lead, coeff_lead):
+def test_split_coefficients_give_the_same_bits(backend, degree, k0, lead, coeff_lead, fused):
     """The colours and the gradients of dirs and of both parts are those of the op on the
     concatenated coefficients, bit for bit (culled rows included: their zero products keep
-    the sign of the colour gradient)."""
+    the sign of the colour gradient); ``radii=`` and ``rgb=True`` give those of the masks
+    ``(radii > 0).all(-1)`` and of ``clamp_min(colours + 0.5, 0)`` after the op (colours
+    below -0.5 included)."""
     if simulated(backend):
         lead, coeff_lead = (*lead[:-1], 6), (*coeff_lead[:-1], 6)
     g = torch.Generator().manual_seed(degree + k0)
     dirs = torch.randn(*lead, 3, generator=g)
     coeffs = torch.randn(*coeff_lead, 25, 3, generator=g)
-    masks = torch.rand(*lead, generator=g) > 0.3
+    radii = torch.randint(0, 3, (*lead, 2), generator=g, dtype=torch.int32)
+    masks = (radii > 0).all(dim=-1)
     v = torch.randn(*lead, 3, generator=g)
     d1, d2 = (dirs.clone().requires_grad_(True) for _ in range(2))
     whole = coeffs.clone().requires_grad_(True)
     head = coeffs[..., :k0, :].clone().requires_grad_(True)
     rest = coeffs[..., k0:, :].clone().requires_grad_(True)
     out = tilesplat.spherical_harmonics(degree, d1, whole, masks=masks, backend=backend)
-    out_split = spherical_harmonics_split(degree, d2, head, rest, masks=masks, backend=backend)
+    if fused:
+        assert (out < -0.5).any() and (masks[..., None] & (out > -0.5)).any()
+        out = torch.clamp_min(out + 0.5, 0.0)
+        out_split = spherical_harmonics_split(degree, d2, head, rest, radii=radii, rgb=True,
+                                              backend=backend)
+    else:
+        out_split = spherical_harmonics_split(degree, d2, head, rest, masks=masks,
+                                              backend=backend)
     (out * v).sum().backward()
     (out_split * v).sum().backward()
     assert _bits(out_split) == _bits(out)
@@ -108,6 +119,12 @@ def test_split_coefficients_are_checked():
         spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(5, 2, 3))
     with pytest.raises(ValueError, match="rest"):
         spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(4, 3, 3))
+    with pytest.raises(ValueError, match=r"expected radii \[\.\.\., 2\]"):
+        spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(5, 3, 3),
+                                  radii=torch.ones(5, 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="radii of dtype int32 or int64"):
+        spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(5, 3, 3),
+                                  radii=torch.ones(5, 2))
 
 
 @pytest.mark.backends("torch", "cpu")

@@ -21,19 +21,19 @@ from .validation import Shapes, check_finite, check_int_at_least, check_tensor, 
 
 class _SphericalHarmonics(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, impl, degree, dirs, coeffs, rest, masks, rows):
-        ctx.impl, ctx.degree, ctx.rows = impl, degree, rows
+    def forward(ctx, impl, degree, dirs, coeffs, rest, masks, rows, rgb):
+        ctx.impl, ctx.degree, ctx.rows, ctx.rgb = impl, degree, rows, rgb
         ctx.save_for_backward(dirs, coeffs, rest, masks)
-        return impl.forward(degree, dirs, coeffs, rest, masks, rows)
+        return impl.forward(degree, dirs, coeffs, rest, masks, rows, rgb)
 
     @staticmethod
     def backward(ctx, v_colors):
         dirs, coeffs, rest, masks = ctx.saved_tensors
         v_dirs, v_coeffs, v_rest = ctx.impl.backward(
             ctx.degree, dirs, coeffs, rest, masks, ctx.rows, v_colors.contiguous(),
-            ctx.needs_input_grad[2],
+            ctx.needs_input_grad[2], ctx.rgb,
         )
-        return None, None, v_dirs, v_coeffs, v_rest, None, None
+        return None, None, v_dirs, v_coeffs, v_rest, None, None, None
 
 
 def _shared_rows(coeffs: Tensor, lead: tuple[int, ...]) -> tuple[Tensor, tuple[int, int]]:
@@ -76,7 +76,7 @@ def spherical_harmonics(
     Returns:
         colours [..., 3] (no offset added: rasterization() adds 0.5 and clamps at 0).
     """
-    return _evaluate(degrees_to_use, dirs, coeffs, None, masks, backend)
+    return _evaluate(degrees_to_use, dirs, coeffs, None, masks, backend, False)
 
 
 def spherical_harmonics_split(
@@ -86,6 +86,8 @@ def spherical_harmonics_split(
     rest: Tensor,  # [..., K1, 3]
     masks: Tensor | None = None,  # [...]
     *,
+    radii: Tensor | None = None,  # [..., 2]
+    rgb: bool = False,
     backend: str | None = None,
 ) -> Tensor:
     """:func:`spherical_harmonics` of the coefficients ``torch.cat([coeffs, rest], -2)``,
@@ -97,6 +99,10 @@ def spherical_harmonics_split(
         coeffs: the first K0 coefficients. [..., K0, 3]
         rest: the next K1. [..., K1, 3], the same leading dims as ``coeffs``; K0 + K1 >=
             (degree+1)².
+        radii: instead of ``masks``, the projection's radii (int): the entries whose two
+            radii are > 0 are evaluated, as ``masks = (radii > 0).all(-1)`` would. [..., 2]
+        rgb: return ``torch.clamp_min(colours + 0.5, 0)`` (``rasterization``'s colours),
+            differentiated as those two ops are, without their temporaries.
         degrees_to_use, dirs, masks, backend: as :func:`spherical_harmonics`.
 
     Returns:
@@ -106,7 +112,13 @@ def spherical_harmonics_split(
     if rest.dim() != coeffs.dim() or rest.shape[:-2] != coeffs.shape[:-2] or rest.shape[-1] != 3:
         raise ValueError(f"expected rest [..., K1, 3] with coeffs' leading dims "
                          f"{list(coeffs.shape[:-2])}, got {list(rest.shape)}")
-    return _evaluate(degrees_to_use, dirs, coeffs, rest, masks, backend)
+    if radii is not None:
+        if masks is not None:
+            raise ValueError("expected masks or radii, got both")
+        check_tensor("radii", radii, "int")
+        Shapes(**{"...": tuple(dirs.shape[:-1])}).check("radii", radii, "..., 2")
+        masks = radii
+    return _evaluate(degrees_to_use, dirs, coeffs, rest, masks, backend, bool(rgb))
 
 
 def _evaluate(
@@ -114,8 +126,9 @@ def _evaluate(
     dirs: Tensor,  # [..., 3]
     coeffs: Tensor,  # [..., K0, 3]
     rest: Tensor | None,  # [..., K1, 3]
-    masks: Tensor | None,  # [...]
+    masks: Tensor | None,  # [...] bool, or radii [..., 2] (checked by the caller)
     backend: str | None,
+    rgb: bool,
 ) -> Tensor:
     """The checks of both ops, then the autograd Function on (coeffs, rest) rows."""
     degree = check_int_at_least("degrees_to_use", degrees_to_use, 0)
@@ -138,9 +151,13 @@ def _evaluate(
                f"K0 + K1 = {K} (shapes {tuple(coeffs.shape)} and {tuple(rest.shape)})")
         raise ValueError(f"expected coeffs [..., K, 3] with K >= {need} for degree {degree}, "
                          f"got {got}")
-    if masks is not None:
+    flat_masks = None
+    if masks is not None and masks.dtype != torch.bool:  # radii
+        flat_masks = masks.reshape(-1, 2).contiguous()
+    elif masks is not None:
         check_tensor("masks", masks, "bool")
         s.check("masks", masks, "...")
+        flat_masks = masks.reshape(-1).contiguous()
     _, device = common_float({"dirs": dirs, "coeffs": coeffs, "rest": rest, "masks": masks})
     check_finite({"dirs": dirs, "coeffs": coeffs, "rest": rest})
     _, impl = resolve("spherical_harmonics", device, backend)
@@ -150,8 +167,8 @@ def _evaluate(
     else:
         rows_rest, _ = _shared_rows(rest, lead)
     colors = _SphericalHarmonics.apply(
-        impl, degree, dirs.reshape(-1, 3).contiguous(), rows_coeffs, rows_rest,
-        None if masks is None else masks.reshape(-1).contiguous(), rows,
+        impl, degree, dirs.reshape(-1, 3).contiguous(), rows_coeffs, rows_rest, flat_masks, rows,
+        rgb,
     )
     return colors.reshape(*lead, 3)
 

@@ -101,13 +101,12 @@ def colors_per_pair(
         dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
         # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied
         shs = colors if per_view else colors[..., None, :, :, :]
-    masks = (radii > 0).all(dim=-1)
-    if sh_rest is None:
-        colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
-    else:
+    if sh_rest is not None:  # the visible pairs, + 0.5 and the clamp inside the op's kernels
         rest = sh_rest if per_view else sh_rest[..., None, :, :, :]
-        colors = spherical_harmonics_split(sh_degree, dirs, shs, rest, masks=masks,
-                                           backend=backend)
+        return spherical_harmonics_split(sh_degree, dirs, shs, rest, radii=radii, rgb=True,
+                                         backend=backend)
+    masks = (radii > 0).all(dim=-1)
+    colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
     return torch.clamp_min(colors + 0.5, 0.0)
 
 

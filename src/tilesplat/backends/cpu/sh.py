@@ -38,14 +38,58 @@ def coeff_row(m, inner, reps):
 # basis itself (``projection_fwd.forward_kernel``).
 
 
+@njit(inline="always", error_model="numpy")
+def visible(masks, m):
+    """Row m is evaluated: masks [M, 1] bool, or [M, 2] radii (both > 0), or [0, 1] (all)."""
+    if masks.shape[0] == 0:
+        return True
+    for j in range(masks.shape[1]):
+        if not masks[m, j] > 0:
+            return False
+    return True
+
+
+@njit(inline="always", error_model="numpy")
+def sh_color(basis, n_basis, coeffs, rest, c, zero):
+    """sum_k basis[k] coefficient k of row c, k in order: ``coeffs`` [Nb, K0, 3] then ``rest``
+    [Nb, K1, 3]; (r, g, b)."""
+    k0 = coeffs.shape[1]
+    r = zero
+    g = zero
+    b = zero
+    for k in range(min(n_basis, k0)):
+        bk = basis[k]
+        r += bk * coeffs[c, k, 0]
+        g += bk * coeffs[c, k, 1]
+        b += bk * coeffs[c, k, 2]
+    for k in range(k0, n_basis):  # the sum continues in the same order
+        bk = basis[k]
+        r += bk * rest[c, k - k0, 0]
+        g += bk * rest[c, k - k0, 1]
+        b += bk * rest[c, k - k0, 2]
+    return r, g, b
+
+
+@njit(inline="always", error_model="numpy")
+def rgb_of(x, zero):
+    """max(x + 0.5, 0) as torch.clamp_min(x + 0.5, 0) (NaN stays NaN)."""
+    y = x + like(x, 0.5)
+    return zero if y < zero else y
+
+
+@njit(inline="always", error_model="numpy")
+def rgb_grad(x, v, zero):
+    """The gradient through :func:`rgb_of` at x: v where x + 0.5 >= 0, else +0 (torch's)."""
+    return v if x + like(x, 0.5) >= zero else zero
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, colors):
-    """colors [M, 3] from coefficients ``coeffs`` [Nb, K0, 3] then ``rest`` [Nb, K1, 3];
-    masks [M] or [0]; blocks first, first + step, ... of rows."""
+def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, rgb, colors):
+    """colors [M, 3] from coefficients ``coeffs`` [Nb, K0, 3] then ``rest`` [Nb, K1, 3], of
+    the rows :func:`visible` in masks (0 elsewhere); with ``rgb`` max(colour + 0.5, 0);
+    blocks first, first + step, ... of rows."""
     n = dirs.shape[0]
     n_basis = (degree + 1) * (degree + 1)
-    k0 = coeffs.shape[1]
-    has_mask = masks.shape[0] > 0
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
             c = coeff_row(m, inner, reps)
@@ -53,19 +97,12 @@ def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, 
             r = zero
             g = zero
             b = zero
-            if not has_mask or masks[m]:
+            if visible(masks, m):
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 basis = sm.sh_basis(degree, x, y, z)
-                for k in range(min(n_basis, k0)):
-                    bk = basis[k]
-                    r += bk * coeffs[c, k, 0]
-                    g += bk * coeffs[c, k, 1]
-                    b += bk * coeffs[c, k, 2]
-                for k in range(k0, n_basis):  # the sum continues in the same order
-                    bk = basis[k]
-                    r += bk * rest[c, k - k0, 0]
-                    g += bk * rest[c, k - k0, 1]
-                    b += bk * rest[c, k - k0, 2]
+                r, g, b = sh_color(basis, n_basis, coeffs, rest, c, zero)
+            if rgb:
+                r, g, b = rgb_of(r, zero), rgb_of(g, zero), rgb_of(b, zero)
             colors[m, 0] = r
             colors[m, 1] = g
             colors[m, 2] = b
@@ -89,15 +126,15 @@ def products(v, c, k_first, first, bas, nb, zero, vr, vg, vb):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, v_colors,
+def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, rgb, v_colors,
                     v_dirs, v_coeffs, v_rest):
     """v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]; v_dirs [M, 3] or [0, 3]; blocks first,
     first + step, ... of coefficient rows, each summing its evaluation rows in increasing
-    order. A culled row (mask false) contributes zero products: its basis is not made."""
+    order. A row not :func:`visible` contributes zero products: its basis is not made.
+    With ``rgb`` the colour is made again to pass v_colors through max(colour + 0.5, 0)."""
     n = coeffs.shape[0]
     k0 = coeffs.shape[1]
     n_basis = (degree + 1) * (degree + 1)
-    has_mask = masks.shape[0] > 0
     want_dirs = v_dirs.shape[0] > 0
     gk = np.zeros(25, dirs.dtype)
     bas = np.zeros(25, dirs.dtype)
@@ -110,11 +147,19 @@ def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps,
                 vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 nb = 0
-                if not has_mask or masks[m]:
+                cr = zero
+                cg = zero
+                cb = zero
+                if visible(masks, m):
                     nb = n_basis
                     basis = sm.sh_basis(degree, x, y, z)
                     for k in range(n_basis):
                         bas[k] = basis[k]
+                    if rgb:
+                        cr, cg, cb = sh_color(basis, n_basis, coeffs, rest, c, zero)
+                if rgb:
+                    vr, vg, vb = rgb_grad(cr, vr, zero), rgb_grad(cg, vg, zero), rgb_grad(
+                        cb, vb, zero)
                 products(v_coeffs, c, 0, i == 0, bas, nb, zero, vr, vg, vb)
                 products(v_rest, c, k0, i == 0, bas, nb, zero, vr, vg, vb)
                 if not want_dirs:
@@ -142,21 +187,30 @@ def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps,
 # launchers
 
 
+def _masks(masks: torch.Tensor | None) -> np.ndarray:
+    """The kernels' visibility: [M, 1] bool, [M, 2] radii, or [0, 1] (every row)."""
+    if masks is None:
+        return np.zeros((0, 1), np.bool_)
+    m = view(masks)
+    return m.reshape(-1, 1) if m.ndim == 1 else m
+
+
 def forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
     coeffs: torch.Tensor,  # [Nb, K0, 3]
     rest: torch.Tensor,  # [Nb, K1, 3]
-    masks: torch.Tensor | None,  # [M] bool
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] int32 radii
     rows: tuple[int, int],
+    rgb: bool = False,
 ) -> torch.Tensor:
-    """Returns colors [M, 3] (masked-out rows 0) of the coefficients ``coeffs`` then
-    ``rest`` (``ops/sh.py``), read through ``rows`` (``backends/sh_rows.py``)."""
+    """Returns colors [M, 3] (masked-out rows 0; with ``rgb`` max(colour + 0.5, 0)) of the
+    coefficients ``coeffs`` then ``rest`` (``ops/sh.py``), read through ``rows``
+    (``backends/sh_rows.py``)."""
     colors = alloc((dirs.shape[0], 3), dirs.dtype)
-    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
-    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), view(rest), mk,
-                 rows[0], rows[1], view(colors))
+    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), view(rest),
+                 _masks(masks), rows[0], rows[1], bool(rgb), view(colors))
     return colors
 
 
@@ -165,16 +219,16 @@ def backward(
     dirs: torch.Tensor,  # [M, 3]
     coeffs: torch.Tensor,  # [Nb, K0, 3]
     rest: torch.Tensor,  # [Nb, K1, 3]
-    masks: torch.Tensor | None,  # [M] bool
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] int32 radii
     rows: tuple[int, int],
     v_colors: torch.Tensor,  # [M, 3]
     need_v_dirs: bool,
+    rgb: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Returns v_dirs [M, 3] (or None), v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]."""
     v_coeffs = alloc(tuple(coeffs.shape), coeffs.dtype)
     v_rest = alloc(tuple(rest.shape), rest.dtype)
     v_dirs = alloc((dirs.shape[0], 3), dirs.dtype) if need_v_dirs else None
-    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     np_dt = view(dirs).dtype
     n_blocks = (coeffs.shape[0] + BLOCK - 1) // BLOCK
     parallel_for(
@@ -184,9 +238,10 @@ def backward(
         view(dirs),
         view(coeffs),
         view(rest),
-        mk,
+        _masks(masks),
         rows[0],
         rows[1],
+        bool(rgb),
         view(v_colors.contiguous()),
         view(v_dirs) if v_dirs is not None else np.zeros((0, 3), np_dt),
         view(v_coeffs),

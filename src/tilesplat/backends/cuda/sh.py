@@ -106,20 +106,13 @@ def _rest(rest: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return rest if rest.shape[1] > 0 else optional(None, like, 3)
 
 
-@launcher
-def forward(
-    degree: int,
-    dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [Nb, K0, 3]
-    rest: torch.Tensor,  # [Nb, K1, 3]
-    masks: torch.Tensor | None,  # [M] bool
-    rows: tuple[int, int],
-) -> torch.Tensor:
-    """Launcher: colors [M, 3] (masked-out rows are 0) of the coefficients ``coeffs`` then
-    ``rest`` (``ops/sh.py``), read through ``rows`` (``backends/sh_rows.py``, expanded here)."""
-    coeffs = expand_rows(coeffs, rows).contiguous()
-    rest = expand_rows(rest, rows).contiguous()
-    M = dirs.shape[0]
+def _bool_masks(masks: torch.Tensor | None) -> torch.Tensor | None:
+    """masks [M] bool, or of radii [M, 2]: the rows where both are > 0."""
+    return masks if masks is None or masks.dim() == 1 else (masks > 0).all(dim=-1)
+
+
+def _colors(degree, dirs, coeffs, rest, masks, M):
+    """The SH colours [M, 3] of the expanded coefficient rows (masks [M] bool or None)."""
     colors = empty((M, 3), dirs.dtype, dirs.device)
     if M > 0:
         launch(
@@ -131,20 +124,46 @@ def forward(
 
 
 @launcher
+def forward(
+    degree: int,
+    dirs: torch.Tensor,  # [M, 3]
+    coeffs: torch.Tensor,  # [Nb, K0, 3]
+    rest: torch.Tensor,  # [Nb, K1, 3]
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] radii
+    rows: tuple[int, int],
+    rgb: bool = False,
+) -> torch.Tensor:
+    """Launcher: colors [M, 3] (masked-out rows are 0; with ``rgb`` max(colour + 0.5, 0)) of
+    the coefficients ``coeffs`` then ``rest`` (``ops/sh.py``), read through ``rows``
+    (``backends/sh_rows.py``, expanded here)."""
+    coeffs = expand_rows(coeffs, rows).contiguous()
+    rest = expand_rows(rest, rows).contiguous()
+    colors = _colors(degree, dirs, coeffs, rest, _bool_masks(masks), dirs.shape[0])
+    return torch.clamp_min(colors + 0.5, 0.0) if rgb else colors
+
+
+@launcher
 def backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
     coeffs: torch.Tensor,  # [Nb, K0, 3]
     rest: torch.Tensor,  # [Nb, K1, 3]
-    masks: torch.Tensor | None,  # [M] bool
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] radii
     rows: tuple[int, int],
     v_colors: torch.Tensor,  # [M, 3]
     need_v_dirs: bool,
+    rgb: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Launcher: (v_dirs [M, 3] | None, v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3])."""
+    """Launcher: (v_dirs [M, 3] | None, v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]); with
+    ``rgb`` the colours are made again and v_colors kept where colour + 0.5 >= 0 (as
+    torch.clamp_min's gradient)."""
     coeffs = expand_rows(coeffs, rows).contiguous()
     rest = expand_rows(rest, rows).contiguous()
+    masks = _bool_masks(masks)
     M = dirs.shape[0]
+    if rgb:
+        keep = _colors(degree, dirs, coeffs, rest, masks, M) + 0.5 >= 0.0
+        v_colors = torch.where(keep, v_colors, 0.0)
     v_coeffs = torch.zeros_like(coeffs)
     v_rest = torch.zeros_like(rest)
     v_dirs = torch.zeros_like(dirs) if need_v_dirs else None
