@@ -122,6 +122,9 @@ def test_split_coefficients_are_checked():
     with pytest.raises(ValueError, match=r"expected radii \[\.\.\., 2\]"):
         spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(5, 3, 3),
                                   radii=torch.ones(5, 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="masks of dtype bool"):
+        tilesplat.spherical_harmonics(1, torch.ones(5, 3), torch.ones(5, 4, 3),
+                                      masks=torch.ones(5, 2, dtype=torch.int32))
     with pytest.raises(TypeError, match="radii of dtype int32 or int64"):
         spherical_harmonics_split(1, torch.ones(5, 3), torch.ones(5, 1, 3), torch.ones(5, 3, 3),
                                   radii=torch.ones(5, 2))

@@ -76,7 +76,7 @@ def spherical_harmonics(
     Returns:
         colours [..., 3] (no offset added: rasterization() adds 0.5 and clamps at 0).
     """
-    return _evaluate(degrees_to_use, dirs, coeffs, None, masks, backend, False)
+    return _evaluate(degrees_to_use, dirs, coeffs, None, masks, None, backend, False)
 
 
 def spherical_harmonics_split(
@@ -117,8 +117,7 @@ def spherical_harmonics_split(
             raise ValueError("expected masks or radii, got both")
         check_tensor("radii", radii, "int")
         Shapes(**{"...": tuple(dirs.shape[:-1])}).check("radii", radii, "..., 2")
-        masks = radii
-    return _evaluate(degrees_to_use, dirs, coeffs, rest, masks, backend, bool(rgb))
+    return _evaluate(degrees_to_use, dirs, coeffs, rest, masks, radii, backend, bool(rgb))
 
 
 def _evaluate(
@@ -126,7 +125,8 @@ def _evaluate(
     dirs: Tensor,  # [..., 3]
     coeffs: Tensor,  # [..., K0, 3]
     rest: Tensor | None,  # [..., K1, 3]
-    masks: Tensor | None,  # [...] bool, or radii [..., 2] (checked by the caller)
+    masks: Tensor | None,  # [...] bool
+    radii: Tensor | None,  # [..., 2] int, instead of masks (checked by the caller)
     backend: str | None,
     rgb: bool,
 ) -> Tensor:
@@ -151,14 +151,13 @@ def _evaluate(
                f"K0 + K1 = {K} (shapes {tuple(coeffs.shape)} and {tuple(rest.shape)})")
         raise ValueError(f"expected coeffs [..., K, 3] with K >= {need} for degree {degree}, "
                          f"got {got}")
-    flat_masks = None
-    if masks is not None and masks.dtype != torch.bool:  # radii
-        flat_masks = masks.reshape(-1, 2).contiguous()
-    elif masks is not None:
+    flat_masks = None if radii is None else radii.reshape(-1, 2).contiguous()
+    if masks is not None:
         check_tensor("masks", masks, "bool")
         s.check("masks", masks, "...")
         flat_masks = masks.reshape(-1).contiguous()
-    _, device = common_float({"dirs": dirs, "coeffs": coeffs, "rest": rest, "masks": masks})
+    _, device = common_float({"dirs": dirs, "coeffs": coeffs, "rest": rest, "masks": masks,
+                              "radii": radii})
     check_finite({"dirs": dirs, "coeffs": coeffs, "rest": rest})
     _, impl = resolve("spherical_harmonics", device, backend)
     rows_coeffs, rows = _shared_rows(coeffs, lead)
