@@ -4,7 +4,10 @@ Blocks of rows over threads (``_common.parallel_for``); the basis and its gradie
 ``shared.sh``'s. Coefficients are read through the row map of ``backends/sh_rows.py`` (one
 block of coefficients shared by ``reps`` blocks of evaluation rows, e.g. every camera); the
 backward runs over coefficient rows and sums their evaluation rows in order, so it needs no
-atomics and no [M, K, 3] buffer.
+atomics and no [M, K, 3] buffer. The coefficients come in two parts along K (``ops/sh.py``:
+the trainer's ``sh0`` and ``shN``, read and differentiated in place); the rows evaluated are
+a bool mask's or those whose two radii are > 0, and ``rgb`` gives ``rasterization``'s
+``max(colour + 0.5, 0)``, so that none of these is a separate pass over [M, 3] in torch.
 """
 
 from __future__ import annotations
