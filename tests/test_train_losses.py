@@ -81,6 +81,25 @@ def test_psnr_and_l1_by_hand():
         psnr(a, b[:, :4])
 
 
+def test_l1_gradient_is_autograds_bit_for_bit():
+    """The L1's one-pass gradient is autograd's of (a - b).abs().mean(): ties (sign 0), a -0
+    against a +0, and both inputs' gradients, in float32 and float64."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64):
+        a = torch.rand(2, 9, 7, 3, generator=g, dtype=dtype)
+        b = torch.rand(2, 9, 7, 3, generator=g, dtype=dtype)
+        a[0, 0, :4] = b[0, 0, :4]
+        a[1, 1, 1, 0], b[1, 1, 1, 0] = -0.0, 0.0
+        grads = []
+        for fn in (lambda x, y: (x - y).abs().mean(), l1_loss):
+            x, y = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+            loss = fn(x, y)
+            (loss * 0.37).backward()
+            grads.append([loss, x.grad, y.grad])
+        for want, got in zip(*grads, strict=True):
+            assert want.detach().numpy().tobytes() == got.detach().numpy().tobytes()
+
+
 def test_photometric_loss_weights():
     a, b = (torch.from_numpy(x).float() for x in _fixed_pair(16, 16, 7))
     loss, l1 = photometric_loss(a[None], b[None], 0.2)

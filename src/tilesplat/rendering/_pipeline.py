@@ -20,6 +20,7 @@ from torch import Tensor
 from ..ops import isect_offset_encode, isect_tiles, isect_tiles_tight, spherical_harmonics
 from ..ops.deferred_checks import current_flag
 from ..ops.intersect_capacity import IntersectionCounts, counting
+from ..ops.sh import spherical_harmonics_split
 
 
 @dataclass
@@ -60,13 +61,16 @@ def colors_per_pair(
     N: int,
     backend: str | None,
     viewmats_rs: Tensor | None = None,  # [..., C, 4, 4]
+    sh_rest: Tensor | None = None,  # [..., (C,) N, K1, 3]
 ) -> Tensor:
     """The colour each (camera, Gaussian) pair composites: [..., C, N, D] ([nnz, D] packed).
 
     Plain colours are gathered (or broadcast over the cameras); SH coefficients are evaluated
     in the direction from each camera centre (masked to the visible pairs), + 0.5, clamped at
     0, as gsplat. A rolling shutter's camera (``viewmats_rs`` at the end of the exposure) looks
-    from the middle of its two centres, as gsplat's.
+    from the middle of its two centres, as gsplat's. ``sh_rest``: the coefficients after
+    ``colors``' along K (``rasterization``'s pair), read by the op without a concatenation
+    (gathered after one when packed).
     """
     batch_dims = means.shape[:-2]
     b_ids, c_ids, g_ids = ids.batch_ids, ids.camera_ids, ids.gaussian_ids
@@ -85,6 +89,8 @@ def colors_per_pair(
     campos = camera_centres(viewmats)  # [..., C, 3]
     if viewmats_rs is not None:
         campos = 0.5 * (campos + camera_centres(viewmats_rs))
+    if packed and sh_rest is not None:
+        colors, sh_rest = torch.cat([colors, sh_rest], dim=-2), None
     K = colors.shape[-2]
     if packed:
         dirs = (gather_rows(means.reshape(B * N, 3), gauss_rows)
@@ -95,6 +101,10 @@ def colors_per_pair(
         dirs = means[..., None, :, :] - campos[..., None, :]  # [..., C, N, 3]
         # [..., 1, N, K, 3]: the cameras share the coefficients, which are not copied
         shs = colors if per_view else colors[..., None, :, :, :]
+    if sh_rest is not None:  # the visible pairs, + 0.5 and the clamp inside the op's kernels
+        rest = sh_rest if per_view else sh_rest[..., None, :, :, :]
+        return spherical_harmonics_split(sh_degree, dirs, shs, rest, radii=radii, rgb=True,
+                                         backend=backend)
     masks = (radii > 0).all(dim=-1)
     colors = spherical_harmonics(sh_degree, dirs, shs, masks=masks, backend=backend)
     return torch.clamp_min(colors + 0.5, 0.0)

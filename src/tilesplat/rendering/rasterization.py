@@ -49,7 +49,7 @@ def rasterization(
     quats: Tensor | None,  # [..., N, 4]
     scales: Tensor | None,  # [..., N, 3]
     opacities: Tensor,  # [..., N]
-    colors: Tensor,  # [..., (C,) N, D] or [..., (C,) N, K, 3]
+    colors: Tensor | tuple[Tensor, Tensor],  # [..., (C,) N, D] or [..., (C,) N, K, 3]
     viewmats: Tensor,  # [..., C, 4, 4]
     Ks: Tensor,  # [..., C, 3, 3]
     width: int,
@@ -93,6 +93,10 @@ def rasterization(
         opacities: opacities in [0, 1]. [..., N]
         colors: post-activation colours [..., (C,) N, D], or SH coefficients
             [..., (C,) N, K, 3] when ``sh_degree`` is set (colour = SH + 0.5, clamped at 0).
+            With ``sh_degree``, also the pair (``sh0`` [..., (C,) N, K0, 3], ``shN`` [..., (C,)
+            N, K1, 3]) of the coefficients split along K, as a trainer stores them: the same
+            render as their concatenation, without that copy and the split of its gradient
+            (tilesplat extension).
         viewmats: world-to-camera matrices. [..., C, 4, 4]
         Ks: intrinsics. [..., C, 3, 3]
         width, height: image size in pixels.
@@ -130,8 +134,9 @@ def rasterization(
         render_mode, rasterize_mode, tile_size, channel_chunk, width, height, packed, absgrad,
         distributed)  # fmt: skip
     scheme = current_backward_scheme(backward_scheme)
+    colors, sh_rest = _sh_parts(colors, sh_degree)
     g = _checked_inputs(means, quats, scales, opacities, colors, viewmats, Ks, covars,
-                        backgrounds, sh_degree)
+                        backgrounds, sh_degree, sh_rest)
     deterministic = check_deterministic(
         deterministic, means.device,
         resolve_name("rasterize_to_pixels", means.device, backend) if deterministic else "")
@@ -158,7 +163,8 @@ def rasterization(
         meta = pairs.meta()
         colors = colors_per_pair(colors, g.sh_degree, g.per_view, means, viewmats, pairs.radii,
                                  PackedIds(pairs.batch_ids, pairs.camera_ids, pairs.gaussian_ids),
-                                 packed, B, C, N, backend, viewmats_rs=viewmats_rs)
+                                 packed, B, C, N, backend, viewmats_rs=viewmats_rs,
+                                 sh_rest=sh_rest)
         if distributed:  # rasterize this rank's own cameras
             colors = mp.exchange(pairs, colors, packed)
             C = mp.n_cameras[mp.rank]
@@ -255,6 +261,19 @@ def _project(g: _Inputs, ut_render: ut.UTRender | None, means: Tensor, opacities
     )
 
 
+def _sh_parts(colors: Tensor | tuple[Tensor, Tensor],
+              sh_degree: int | None) -> tuple[Tensor, Tensor | None]:
+    """(colors, None), or the two parts (coefficients, the rest along K) of a pair."""
+    if isinstance(colors, Tensor):
+        return colors, None
+    if sh_degree is None or not isinstance(colors, (tuple, list)) or len(colors) != 2:
+        raise ValueError("expected colors a tensor, or with sh_degree a pair of tensors (sh0, "
+                         f"shN), got {type(colors).__name__}"
+                         + ("" if sh_degree is not None else " without sh_degree"))
+    check_tensor("colors[1]", colors[1])
+    return colors[0], colors[1]
+
+
 def _checked_inputs(
     means: Tensor,  # [..., N, 3]
     quats: Tensor | None,  # [..., N, 4]
@@ -266,6 +285,7 @@ def _checked_inputs(
     covars: Tensor | None,  # [..., N, 3, 3]
     backgrounds: Tensor | None,  # [..., C, D]
     sh_degree: int | None,
+    sh_rest: Tensor | None = None,  # [..., (C,) N, K1, 3]
 ) -> _Inputs:
     """The tensors' types, shapes and finiteness, checked once (``ValueError`` naming the
     argument); the ops below take only what the kernels made of them."""
@@ -296,13 +316,15 @@ def _checked_inputs(
         per_view = colors.dim() == nb + 4
         pattern = "..., C, N, K, 3" if per_view else "..., N, K, 3"
     s.check("colors", colors, pattern)
+    if sh_rest is not None:
+        s.check("colors[1]", sh_rest, pattern.replace("K,", "K1,"))
     if backgrounds is not None:
         check_tensor("backgrounds", backgrounds)
         s.check("backgrounds", backgrounds, "..., C, D" if sh_degree is None else "..., C, 3")
 
     given = {"means": means, "quats": quats, "scales": scales, "covars": tri,
              "opacities": opacities, "colors": colors, "viewmats": viewmats, "Ks": Ks,
-             "backgrounds": backgrounds}
+             "backgrounds": backgrounds, "colors[1]": sh_rest}
     check_finite({k: v for k, v in given.items() if isinstance(v, Tensor)})
     return _Inputs(batch_dims, math.prod(batch_dims), s["N"], s["C"], tri, quats, scales,
                    sh_degree, per_view, s)

@@ -4,7 +4,10 @@ Blocks of rows over threads (``_common.parallel_for``); the basis and its gradie
 ``shared.sh``'s. Coefficients are read through the row map of ``backends/sh_rows.py`` (one
 block of coefficients shared by ``reps`` blocks of evaluation rows, e.g. every camera); the
 backward runs over coefficient rows and sums their evaluation rows in order, so it needs no
-atomics and no [M, K, 3] buffer.
+atomics and no [M, K, 3] buffer. The coefficients come in two parts along K (``ops/sh.py``:
+the trainer's ``sh0`` and ``shN``, read and differentiated in place); the rows evaluated are
+a bool mask's or those whose two radii are > 0, and ``rgb`` gives ``rasterization``'s
+``max(colour + 0.5, 0)``, so that none of these is a separate pass over [M, 3] in torch.
 """
 
 from __future__ import annotations
@@ -38,12 +41,58 @@ def coeff_row(m, inner, reps):
 # basis itself (``projection_fwd.forward_kernel``).
 
 
+@njit(inline="always", error_model="numpy")
+def visible(masks, m):
+    """Row m is evaluated: masks [M, 1] bool, or [M, 2] radii (both > 0), or [0, 1] (all)."""
+    if masks.shape[0] == 0:
+        return True
+    for j in range(masks.shape[1]):
+        if not masks[m, j] > 0:
+            return False
+    return True
+
+
+@njit(inline="always", error_model="numpy")
+def sh_color(basis, n_basis, coeffs, rest, c, zero):
+    """sum_k basis[k] coefficient k of row c, k in order: ``coeffs`` [Nb, K0, 3] then ``rest``
+    [Nb, K1, 3]; (r, g, b)."""
+    k0 = coeffs.shape[1]
+    r = zero
+    g = zero
+    b = zero
+    for k in range(min(n_basis, k0)):
+        bk = basis[k]
+        r += bk * coeffs[c, k, 0]
+        g += bk * coeffs[c, k, 1]
+        b += bk * coeffs[c, k, 2]
+    for k in range(k0, n_basis):  # the sum continues in the same order
+        bk = basis[k]
+        r += bk * rest[c, k - k0, 0]
+        g += bk * rest[c, k - k0, 1]
+        b += bk * rest[c, k - k0, 2]
+    return r, g, b
+
+
+@njit(inline="always", error_model="numpy")
+def rgb_of(x, zero):
+    """max(x + 0.5, 0) as torch.clamp_min(x + 0.5, 0) (NaN stays NaN)."""
+    y = x + like(x, 0.5)
+    return zero if y < zero else y
+
+
+@njit(inline="always", error_model="numpy")
+def rgb_grad(x, v, zero):
+    """The gradient through :func:`rgb_of` at x: v where x + 0.5 >= 0, else +0 (torch's)."""
+    return v if x + like(x, 0.5) >= zero else zero
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def forward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, colors):
-    """colors [M, 3]; masks [M] or [0]; blocks first, first + step, ... of rows."""
+def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, rgb, colors):
+    """colors [M, 3] from coefficients ``coeffs`` [Nb, K0, 3] then ``rest`` [Nb, K1, 3], of
+    the rows :func:`visible` in masks (0 elsewhere); with ``rgb`` max(colour + 0.5, 0);
+    blocks first, first + step, ... of rows."""
     n = dirs.shape[0]
     n_basis = (degree + 1) * (degree + 1)
-    has_mask = masks.shape[0] > 0
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
             c = coeff_row(m, inner, reps)
@@ -51,117 +100,138 @@ def forward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, colors
             r = zero
             g = zero
             b = zero
-            if not has_mask or masks[m]:
+            if visible(masks, m):
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 basis = sm.sh_basis(degree, x, y, z)
-                for k in range(n_basis):
-                    bk = basis[k]
-                    r += bk * coeffs[c, k, 0]
-                    g += bk * coeffs[c, k, 1]
-                    b += bk * coeffs[c, k, 2]
+                r, g, b = sh_color(basis, n_basis, coeffs, rest, c, zero)
+            if rgb:
+                r, g, b = rgb_of(r, zero), rgb_of(g, zero), rgb_of(b, zero)
             colors[m, 0] = r
             colors[m, 1] = g
             colors[m, 2] = b
 
 
+@njit(inline="always", error_model="numpy")
+def products(v, c, k_first, first, bas, nb, zero, vr, vg, vb):
+    """Writes (``first``) or adds basis[k] * v_colour into v[c] [K, 3] (coefficient k_first +
+    j in column j); coefficients at or past ``nb`` get the zero products, signs and all."""
+    for j in range(v.shape[1]):
+        k = k_first + j
+        bk = bas[k] if k < nb else zero
+        if first:
+            v[c, j, 0] = bk * vr
+            v[c, j, 1] = bk * vg
+            v[c, j, 2] = bk * vb
+        else:
+            v[c, j, 0] += bk * vr
+            v[c, j, 1] += bk * vg
+            v[c, j, 2] += bk * vb
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def backward_kernel(first, step, degree, dirs, coeffs, masks, inner, reps, v_colors, v_dirs,
-                    v_coeffs):
-    """v_coeffs [Nb, K, 3]; v_dirs [M, 3] or [0, 3]; blocks first, first + step, ... of
-    coefficient rows, each summing its evaluation rows in increasing order."""
+def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, rgb, v_colors,
+                    v_dirs, v_coeffs, v_rest):
+    """v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]; v_dirs [M, 3] or [0, 3]; blocks first,
+    first + step, ... of coefficient rows, each summing its evaluation rows in increasing
+    order. A row not :func:`visible` contributes zero products: its basis is not made.
+    With ``rgb`` the colour is made again to pass v_colors through max(colour + 0.5, 0)."""
     n = coeffs.shape[0]
-    n_k = coeffs.shape[1]
+    k0 = coeffs.shape[1]
     n_basis = (degree + 1) * (degree + 1)
-    has_mask = masks.shape[0] > 0
     want_dirs = v_dirs.shape[0] > 0
     gk = np.zeros(25, dirs.dtype)
+    bas = np.zeros(25, dirs.dtype)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for c in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
             m0 = (c // inner) * (reps * inner) + c % inner
             for i in range(reps):
                 m = m0 + i * inner
                 zero = like(dirs[m, 0], 0.0)
-                on = not has_mask or masks[m]
                 vr, vg, vb = v_colors[m, 0], v_colors[m, 1], v_colors[m, 2]
-                if not on:  # a culled row: the same zero products, without the basis
-                    for k in range(n_k):
-                        if i > 0:
-                            v_coeffs[c, k, 0] += zero * vr
-                            v_coeffs[c, k, 1] += zero * vg
-                            v_coeffs[c, k, 2] += zero * vb
-                        else:
-                            v_coeffs[c, k, 0] = zero * vr
-                            v_coeffs[c, k, 1] = zero * vg
-                            v_coeffs[c, k, 2] = zero * vb
-                    if want_dirs:
-                        v_dirs[m, 0] = zero
-                        v_dirs[m, 1] = zero
-                        v_dirs[m, 2] = zero
-                    continue
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
-                basis = sm.sh_basis(degree, x, y, z)
-                for k in range(n_k):
-                    bk = basis[k] if k < n_basis else zero
-                    if i > 0:
-                        v_coeffs[c, k, 0] += bk * vr
-                        v_coeffs[c, k, 1] += bk * vg
-                        v_coeffs[c, k, 2] += bk * vb
-                    else:
-                        v_coeffs[c, k, 0] = bk * vr
-                        v_coeffs[c, k, 1] = bk * vg
-                        v_coeffs[c, k, 2] = bk * vb
+                nb = 0
+                cr = zero
+                cg = zero
+                cb = zero
+                if visible(masks, m):
+                    nb = n_basis
+                    basis = sm.sh_basis(degree, x, y, z)
+                    for k in range(n_basis):
+                        bas[k] = basis[k]
+                    if rgb:
+                        cr, cg, cb = sh_color(basis, n_basis, coeffs, rest, c, zero)
+                if rgb:
+                    vr, vg, vb = rgb_grad(cr, vr, zero), rgb_grad(cg, vg, zero), rgb_grad(
+                        cb, vb, zero)
+                products(v_coeffs, c, 0, i == 0, bas, nb, zero, vr, vg, vb)
+                products(v_rest, c, k0, i == 0, bas, nb, zero, vr, vg, vb)
                 if not want_dirs:
                     continue
-                if degree > 0:
-                    for k in range(25):
-                        gk[k] = zero
-                    for k in range(n_basis):
-                        gk[k] = coeffs[c, k, 0] * vr + coeffs[c, k, 1] * vg + coeffs[c, k, 2] * vb
-                    gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
-                    vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
-                    v_dirs[m, 0] = vx
-                    v_dirs[m, 1] = vy
-                    v_dirs[m, 2] = vz
-                else:
+                if nb == 0 or degree == 0:
                     v_dirs[m, 0] = zero
                     v_dirs[m, 1] = zero
                     v_dirs[m, 2] = zero
+                    continue
+                for k in range(25):
+                    gk[k] = zero
+                for k in range(min(n_basis, k0)):
+                    gk[k] = coeffs[c, k, 0] * vr + coeffs[c, k, 1] * vg + coeffs[c, k, 2] * vb
+                for k in range(k0, n_basis):
+                    gk[k] = (rest[c, k - k0, 0] * vr + rest[c, k - k0, 1] * vg
+                             + rest[c, k - k0, 2] * vb)
+                gx, gy, gz = sm.sh_basis_vjp(degree, x, y, z, gk)
+                vx, vy, vz = sm.normalize3_vjp(dirs[m, 0], dirs[m, 1], dirs[m, 2], gx, gy, gz)
+                v_dirs[m, 0] = vx
+                v_dirs[m, 1] = vy
+                v_dirs[m, 2] = vz
 
 
 # ---------------------------------------------------------------------------------------------
 # launchers
 
 
+def _masks(masks: torch.Tensor | None) -> np.ndarray:
+    """The kernels' visibility: [M, 1] bool, [M, 2] radii, or [0, 1] (every row)."""
+    if masks is None:
+        return np.zeros((0, 1), np.bool_)
+    m = view(masks)
+    return m.reshape(-1, 1) if m.ndim == 1 else m
+
+
 def forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [Nb, K, 3]
-    masks: torch.Tensor | None,  # [M] bool
+    coeffs: torch.Tensor,  # [Nb, K0, 3]
+    rest: torch.Tensor,  # [Nb, K1, 3]
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] int32 radii
     rows: tuple[int, int],
+    rgb: bool = False,
 ) -> torch.Tensor:
-    """Returns colors [M, 3] (masked-out rows 0); coeffs read through ``rows``
+    """Returns colors [M, 3] (masked-out rows 0; with ``rgb`` max(colour + 0.5, 0)) of the
+    coefficients ``coeffs`` then ``rest`` (``ops/sh.py``), read through ``rows``
     (``backends/sh_rows.py``)."""
     colors = alloc((dirs.shape[0], 3), dirs.dtype)
-    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
-    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), mk, rows[0],
-                 rows[1], view(colors))
+    parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), view(rest),
+                 _masks(masks), rows[0], rows[1], bool(rgb), view(colors))
     return colors
 
 
 def backward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
-    coeffs: torch.Tensor,  # [Nb, K, 3]
-    masks: torch.Tensor | None,  # [M] bool
+    coeffs: torch.Tensor,  # [Nb, K0, 3]
+    rest: torch.Tensor,  # [Nb, K1, 3]
+    masks: torch.Tensor | None,  # [M] bool or [M, 2] int32 radii
     rows: tuple[int, int],
     v_colors: torch.Tensor,  # [M, 3]
     need_v_dirs: bool,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Returns v_dirs [M, 3] (or None), v_coeffs [Nb, K, 3]."""
+    rgb: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Returns v_dirs [M, 3] (or None), v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]."""
     v_coeffs = alloc(tuple(coeffs.shape), coeffs.dtype)
+    v_rest = alloc(tuple(rest.shape), rest.dtype)
     v_dirs = alloc((dirs.shape[0], 3), dirs.dtype) if need_v_dirs else None
-    mk = view(masks) if masks is not None else np.zeros((0,), np.bool_)
     np_dt = view(dirs).dtype
     n_blocks = (coeffs.shape[0] + BLOCK - 1) // BLOCK
     parallel_for(
@@ -170,11 +240,14 @@ def backward(
         degree,
         view(dirs),
         view(coeffs),
-        mk,
+        view(rest),
+        _masks(masks),
         rows[0],
         rows[1],
+        bool(rgb),
         view(v_colors.contiguous()),
         view(v_dirs) if v_dirs is not None else np.zeros((0, 3), np_dt),
         view(v_coeffs),
+        view(v_rest),
     )
-    return v_dirs, v_coeffs
+    return v_dirs, v_coeffs, v_rest

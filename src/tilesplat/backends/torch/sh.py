@@ -71,21 +71,40 @@ def evaluate(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor | None) ->
     return colors
 
 
-def forward(degree, dirs, coeffs, masks, rows):
-    """colors [M, 3] of dirs [M, 3] and coeffs [Nb, K, 3] read through ``rows``
-    (``backends/sh_rows.py``)."""
-    return evaluate(degree, dirs, expand_rows(coeffs, rows), masks)
+def joined(coeffs: Tensor, rest: Tensor) -> Tensor:
+    """The coefficients [Nb, K0 + K1, 3] of the two parts (``ops/sh.py``)."""
+    return coeffs if rest.shape[1] == 0 else torch.cat([coeffs, rest], 1)
 
 
-def backward(degree, dirs, coeffs, masks, rows, v_colors, need_v_dirs):
+def bool_masks(masks: Tensor | None) -> Tensor | None:
+    """masks [M] bool, or of radii [M, 2]: the rows where both are > 0."""
+    return masks if masks is None or masks.dim() == 1 else (masks > 0).all(dim=-1)
+
+
+def rgb_colors(degree, dirs, coeffs, rest, masks, rows, rgb):
+    """colors [M, 3] of the two coefficient parts read through ``rows``; with ``rgb``
+    max(colour + 0.5, 0), as ``rasterization`` composites them."""
+    colors = evaluate(degree, dirs, expand_rows(joined(coeffs, rest), rows), bool_masks(masks))
+    return torch.clamp_min(colors + 0.5, 0.0) if rgb else colors
+
+
+def forward(degree, dirs, coeffs, rest, masks, rows, rgb=False):
+    """colors [M, 3] of dirs [M, 3] and the coefficients ``coeffs`` [Nb, K0, 3] then ``rest``
+    [Nb, K1, 3], read through ``rows`` (``backends/sh_rows.py``); masks [M] bool or radii
+    [M, 2]; with ``rgb`` max(colour + 0.5, 0)."""
+    return rgb_colors(degree, dirs, coeffs, rest, masks, rows, rgb)
+
+
+def backward(degree, dirs, coeffs, rest, masks, rows, v_colors, need_v_dirs, rgb=False):
+    """(v_dirs [M, 3] or None, v_coeffs [Nb, K0, 3], v_rest [Nb, K1, 3]) by autograd."""
     d = dirs if need_v_dirs else dirs.detach()
 
-    def fn(dirs, coeffs):
-        return (evaluate(degree, dirs, expand_rows(coeffs, rows), masks),)
+    def fn(dirs, coeffs, rest):
+        return (rgb_colors(degree, dirs, coeffs, rest, masks, rows, rgb),)
 
     if need_v_dirs:
-        v_dirs, v_coeffs = recompute(fn, [d, coeffs], [v_colors])
+        v_dirs, v_coeffs, v_rest = recompute(fn, [d, coeffs, rest], [v_colors])
     else:
-        (v_coeffs,) = recompute(lambda c: fn(d, c), [coeffs], [v_colors])
+        v_coeffs, v_rest = recompute(lambda c, r: fn(d, c, r), [coeffs, rest], [v_colors])
         v_dirs = None
-    return v_dirs, v_coeffs
+    return v_dirs, v_coeffs, v_rest

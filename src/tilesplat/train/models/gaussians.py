@@ -30,7 +30,7 @@ class Gaussians(ModelKind):
         lens by 3DGUT when they have one, :func:`.base.lens_args`); the colours are not
         clamped above 1."""
         colors, alphas, info = rasterization(
-            **activated(params),
+            **activated(params, split_sh=True),
             **render_args(cams, cfg, sh_degree),
             absgrad=absgrad,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",

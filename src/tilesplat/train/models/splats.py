@@ -148,16 +148,19 @@ def means_rate(cfg: TrainConfig, scene_scale: float, step: int) -> float:
     return lr * math.sqrt(cfg.batch_size)
 
 
-def activated(params: Params | dict[str, Tensor]) -> dict[str, Tensor]:
+def activated(params: Params | dict[str, Tensor], *, split_sh: bool = False) -> dict[str, Any]:
     """The rasterizer's inputs from the stored parameters: ``means``, ``quats``, ``scales``
     [N, 3] (exp of the logs), ``opacities`` [N] (sigmoid of the logits) and ``colors``
-    [N, K, 3] (the SH coefficients, DC first)."""
+    [N, K, 3] (the SH coefficients, DC first), or with ``split_sh`` the pair (``sh0``,
+    ``shN``) that ``rasterization`` evaluates without concatenating them (the same bits,
+    without a copy of the coefficients and of their gradient each step)."""
+    sh = params["sh0"], params["shN"]
     return {
         "means": params["means"],
         "quats": params["quats"],
         "scales": torch.exp(params["scales"]),
         "opacities": torch.sigmoid(params["opacities"]),
-        "colors": torch.cat([params["sh0"], params["shN"]], dim=1),
+        "colors": sh if split_sh else torch.cat(sh, dim=1),
     }
 
 
