@@ -34,7 +34,7 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..shared.typed import like
 from ._common import sm
 from .rasterize_fwd import composite_step
-from .rasterize_saved import SUB_PIXELS
+from .rasterize_saved import GROUP_PIXELS, SUB_PIXELS
 
 # Columns of the per-intersection gradient rows; colours follow from N_FIXED.
 C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
@@ -181,10 +181,28 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
         # contiguous accesses (it gathered); spans are whole slices, so no loop remainder
         p0 = np.uint64(s_lo * SUB_PIXELS)
         p1 = np.uint64((s_hi + 1) * SUB_PIXELS)
+        # the pixels from the first flagged group to the last: the pair pass and the colour
+        # step run on those, the sums on the whole span (their order stays the span's)
+        g_lo = np.int64(flags[k0 + j, s_lo])
+        g_hi = np.int64(flags[k0 + j, s_hi])
+        first = 0
+        while (g_lo >> first) & 1 == 0:
+            first += 1
+        end = 8
+        while (g_hi >> (end - 1)) & 1 == 0:
+            end -= 1
+        q0 = np.uint64(s_lo * SUB_PIXELS + first * GROUP_PIXELS)
+        q1 = np.uint64(s_hi * SUB_PIXELS + end * GROUP_PIXELS)
+        for p in range(p0, q0):  # no contribution: what the skipped loops would have written
+            v_alpha[p] = zero
+            w[p] = zero
+        for p in range(q1, p1):
+            v_alpha[p] = zero
+            w[p] = zero
         mx, my, a, b, c, op = loc[j, 0], loc[j, 1], loc[j, 2], loc[j, 3], loc[j, 4], loc[j, 5]
         k32 = np.int32(k0 + j)
         if per_splat:
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 t = trans[p]
                 ge, alpha, t_next, ok, _ = composite_step(a, b, c, op, mx - px[p], my - py[p],
                                                           t, live)
@@ -194,7 +212,7 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
                 inv_1ma[p] = one / (one - alpha)
                 gauss[p] = ge
         else:
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
                 ge = sm.exp_neg(s)
                 alpha = min(clamp, op * ge)
@@ -207,27 +225,27 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
         if n_ch == 3:
             c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
             if per_splat:
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], True)
                     w[p], v_alpha[p], state[p] = wp, vap, st
             else:
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], False)
                     w[p], v_alpha[p], state[p] = wp, vap, st
         else:  # any channel count
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 w[p] = min(clamp, op * gauss[p]) * t_k[p]
                 dot[p] = 0.0
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     vd = f64(buf[N_BUF + d, p])
                     dot[p] += vd * f64(cd)
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 behind = state[p] - f64(w[p]) * dot[p] if per_splat else state[p]
                 state[p] = behind if per_splat else state[p] + f64(w[p]) * dot[p]
                 t = t_k[p]
