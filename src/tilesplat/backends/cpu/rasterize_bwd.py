@@ -14,9 +14,10 @@ backward subtracts the same products from it in float64, so the colour still to 
 to float64 rounding even where it is a tiny difference of large sums (saturated pixels).
 
 Work: tiles over threads (``_common.parallel_for``), pixels vectorised
-(``rasterize_bwd_tiles``). The forward recorded which (slice of SUB_PIXELS pixels,
+(``rasterize_bwd_tiles``). The forward recorded which (group of GROUP_PIXELS pixels,
 intersection) pairs contribute to a pixel (``rasterize_saved``); both schemes evaluate each
-intersection only over the span of its flagged slices.
+intersection only from its first flagged group to its last, and sum its gradient over the span
+of its flagged slices.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing

@@ -2,13 +2,16 @@
 (``rasterize_bwd`` runs them tile by tile).
 
 The tile walks its intersections in order (per_splat front to back, per_pixel back to front),
-each over the span of pixel slices (SUB_PIXELS pixels) from the first to the last the forward
-flagged as contributing (``rasterize_saved``), in three vectorised loops over the span's
-pixels: the pair and its hit test, T and 1 / (1 - alpha); the colour step (d loss / d alpha,
-in float64); and :func:`pair_grads` (sums over the pixels, the only place that may
-reassociate). Skipping unflagged slices is exact: their pairs change neither T nor any
-gradient. Spans are whole slices, so the loops have no remainder, and one span's sums take one
-horizontal reduction each (one per slice took twice the time on garden).
+each in three vectorised loops: the pair and its hit test, T and 1 / (1 - alpha), and the colour
+step (d loss / d alpha, in float64), over the pixels from the first group of GROUP_PIXELS the
+forward flagged as contributing to the last (``rasterize_saved``); then :func:`pair_grads`
+(sums over the pixels, the only place that may reassociate) over the span of whole slices
+(SUB_PIXELS) from the first flagged slice to the last, with zeros where the pair loops did not
+run. Skipping unflagged pixels is exact: their pairs change neither T nor any gradient. The
+sums keep whole slices because their order is the compiled reduction's (lanes by position in
+the span): a span cut to the groups would change their bits. Spans are whole slices, so the
+sums have no remainder, and one span's sums take one horizontal reduction each (one per slice
+took twice the time on garden).
 
 A pixel-Gaussian pair contributes exactly when ``k <= last_id`` and it passes the skip tests
 (sigma >= 0, alpha >= ALPHA_SKIP): before its last contribution a pixel is never stopped. So
@@ -137,11 +140,12 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
 def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgrad, per_splat,
               rows):
     """A tile's P pixels (whole slices of SUB_PIXELS): adds to rows[k0 + j] the gradient of the
-    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each over the
-    span of pixel slices from the first to the last the forward flagged for it (an unflagged
-    slice inside the span changes nothing: none of its pairs contributes). per_pixel walks
-    back to front from j_end - 1, per_splat front to back. One row's sums run over its whole
-    span at once: one horizontal reduction per row and quantity, not one per slice.
+    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each evaluated
+    from the first to the last group of pixels the forward flagged for it and summed over the
+    slices of those (unflagged pixels inside change nothing: none of their pairs contributes).
+    per_pixel walks back to front from j_end - 1, per_splat front to back. One row's sums run
+    over its whole span at once: one horizontal reduction per row and quantity, not one per
+    slice.
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
