@@ -105,9 +105,10 @@ def blend_tile_asm() -> str:
     P = 64
     blend_tile(
         loc,
-        np.zeros(n_k, np.int32),  # every row reaches slice 0
-        np.zeros(n_k, np.int32),
+        np.zeros(n_k, np.int32),  # every row reaches the slice's 4 rows of 16 pixels
+        np.full(n_k, 3, np.int32),
         0,
+        16,
         0,
         n_k,
         torch.rand(P, dtype=f).numpy(),

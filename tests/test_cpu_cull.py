@@ -101,3 +101,33 @@ def test_rasterize_edge_gaussians_match_reference(scheme, ts):
     names = ("colors", "alphas", "v_means2d", "v_conics", "v_colors", "v_opacities")
     for name, a, e in zip(names, got["cpu"], got["torch"], strict=True):
         assert_close(f"{scheme} ts={ts} {name}", a, e, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("ts", [16, 12])
+def test_row_ranges_change_no_bit(ts, monkeypatch):
+    """The forward evaluates each Gaussian only on the tile rows its bounds reach: the render,
+    last_ids and what it keeps for either backward (hit flags, final T, colour residual) are
+    bit for bit those of the forward that evaluates every row (infinite bounds), on Gaussians
+    at the edges of the bounds' analysis, an odd image size and slices that split rows."""
+    from tilesplat.backends.cpu import rasterize
+
+    W, H = 53, 41
+    means2d, conics, op, radii = _edge_gaussians(250, W, H, seed=2)
+    g = torch.Generator().manual_seed(6)
+    colors = torch.rand(250, 3, generator=g)
+    depths = torch.rand(250, generator=g) + 1
+    TW, TH = tile_grid(W, H, ts)
+    _, ids, flat = tilesplat.isect_tiles(means2d[None], radii[None], depths[None], ts, TW, TH,
+                                         backend="torch")
+    offsets = tilesplat.isect_offset_encode(ids, 1, TW, TH, backend="torch")
+    bg = torch.rand(1, 3, generator=g)
+    args = (means2d, conics, colors, op, bg, None, W, H, ts, offsets, flat)
+    for scheme in ("per_pixel", "per_splat"):
+        tight = rasterize.forward(*args, scheme)
+        with monkeypatch.context() as m:
+            m.setattr(rasterize, "splat_bounds",
+                      lambda *a: np.full((means2d.shape[0], 4), np.inf) * [-1, 1, -1, 1])
+            every = rasterize.forward(*args, scheme)
+        for name, a, e in zip(("colors", "alphas", "last_ids", "saved"), tight, every,
+                              strict=True):
+            assert torch.equal(a, e), f"{scheme} ts={ts}: {name} differs"

@@ -1,9 +1,9 @@
 """The hit flags the CPU rasterizer's forward keeps for its backward
-(``backends/cpu/rasterize_saved``): flags[k, s] = 1 exactly where intersection k contributes to
-a pixel of slice s. The backward evaluates only the span of slices each intersection's flags
-cover, so a missing flag at its end loses a gradient and a spurious one only costs time; both
-directions are checked through the gradients, with the flags edited between the forward and
-the backward.
+(``backends/cpu/rasterize_saved``): bit g of flags[k, s] is 1 exactly where intersection k
+contributes to a pixel of group g (GROUP_PIXELS pixels) of slice s. The backward evaluates each
+intersection only from its first flagged group to its last, so a missing flag at either end
+loses a gradient and a spurious one only costs time; both directions are checked through the
+gradients, with the flags edited between the forward and the backward.
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ def _same(a, b):
 def test_flags_mark_exactly_the_contributing_pairs(scheme, D):
     sc = _scene(D)
     flags, base = _grads(sc, scheme)
-    assert set(np.unique(flags).tolist()) <= {0, 1}
-    flagged = np.argwhere(flags == 1)
-    assert 0 < len(flagged) < flags.size  # some pairs contribute, some do not
+    bits = np.unpackbits(flags[..., None], axis=-1, bitorder="little")  # [n, n_sub, 8]
+    flagged = np.argwhere(bits == 1)
+    assert 0 < len(flagged) < bits.size  # some pairs contribute, some do not
 
     def set_all(f):
-        f[:] = 1
+        f[:] = 255
 
     # a spurious flag changes nothing: unflagged pairs contribute nothing
     assert _same(_grads(sc, scheme, set_all)[1], base)
@@ -88,17 +88,18 @@ def test_flags_mark_exactly_the_contributing_pairs(scheme, D):
     assert not v_means2d.abs().any()  # no pair evaluated
 
     # every flag marks a contributing pair: clearing any one loses a gradient. The backward
-    # evaluates an intersection over the span of slices from its first flag to its last, so
-    # a flag is cleared where that changes the span: at either end of it.
-    ends = np.array([(k, s) for k, s in flagged
-                     if not flags[k, :s].any() or not flags[k, s + 1:].any()])
+    # evaluates an intersection from its first flagged group to its last, so a flag is
+    # cleared where that changes the span: at either end of it.
+    groups = bits.reshape(len(bits), -1)
+    ends = np.array([(k, s, g) for k, s, g in flagged
+                     if not groups[k, :s * 8 + g].any() or not groups[k, s * 8 + g + 1:].any()])
     rng = np.random.default_rng(0)
-    for k, s in ends[rng.choice(len(ends), 8, replace=False)]:
+    for k, s, g in ends[rng.choice(len(ends), 8, replace=False)]:
 
-        def clear_one(f, k=k, s=s):
-            f[k, s] = 0
+        def clear_one(f, k=k, s=s, g=g):
+            f[k, s] &= np.uint8(255 - (1 << g))
 
-        assert not _same(_grads(sc, scheme, clear_one)[1], base), (k, s)
+        assert not _same(_grads(sc, scheme, clear_one)[1], base), (k, s, g)
 
 
 def test_saved_buffer_layout():

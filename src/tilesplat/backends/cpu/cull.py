@@ -1,12 +1,12 @@
-"""CPU kernels: per-Gaussian pixel bounds, so the rasterizer skips a Gaussian for a slice of a
-tile that its visible ellipse cannot reach.
+"""CPU kernels: per-Gaussian pixel bounds, so the rasterizer skips the rows of a tile that a
+Gaussian's visible ellipse cannot reach.
 
-A tile's list holds every Gaussian whose radius box touches the tile, but most slices of
-SUB_PIXELS pixels of that tile are out of a small Gaussian's reach: every pair there fails the
-``alpha >= ALPHA_SKIP`` test. :func:`gather_tile` turns each Gaussian's bounds into the range of
-slices it can reach, and the forward and both backward schemes skip a (slice, Gaussian) pair
-outside it with two comparisons instead of evaluating it for every pixel. Skipping changes no
-result: the skipped pairs are exactly pairs that would not contribute.
+A tile's list holds every Gaussian whose ellipse meets the tile, but most rows of that tile are
+out of a small Gaussian's reach: every pair there fails the ``alpha >= ALPHA_SKIP`` test.
+:func:`gather_tile` turns each Gaussian's bounds into the range of the tile's rows it can
+reach, and the forward evaluates a Gaussian only on those rows of each slice of the tile
+(``rasterize_fwd``), skipping the slices it cannot reach with two comparisons. Skipping
+changes no result: the skipped pairs are exactly pairs that would not contribute.
 
 The bounds are conservative by construction. alpha = min(ALPHA_CLAMP, op * exp(-sigma)) >=
 ALPHA_SKIP needs sigma <= tau = ln(op / ALPHA_SKIP); the pixels with sigma <= tau form an
@@ -69,13 +69,13 @@ GATHER_AHEAD = 16
 
 @njit(cache=True, error_model="numpy")
 def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, end, tx, ty,
-                tile_size, sub_pixels, loc, s_first, s_last):
+                tile_size, loc, r_first, r_last):
     """Copies the Gaussians of intersections start..end-1 of tile (tx, ty) into rows j =
-    k - start of loc [>= n, 6 + D] (mx, my, a, b, c, opacity, colour), and the pixel slices
-    (of sub_pixels row-major pixels) each can reach into s_first, s_last [>= n]
-    (s_first > s_last: none). Contiguous rows keep the per-pair loops off scattered memory.
-    NaN or infinite bounds give every slice; bounds [0, 4] leaves s_first and s_last
-    unwritten (the backward, which follows the forward's hit flags instead)."""
+    k - start of loc [>= n, 6 + D] (mx, my, a, b, c, opacity, colour), and the rows of the
+    tile's pixels each can reach into r_first, r_last [>= n] (r_first > r_last: none).
+    Contiguous rows keep the per-pair loops off scattered memory. NaN or infinite bounds give
+    every row; bounds [0, 4] leaves r_first and r_last unwritten (the backward, which follows
+    the forward's hit flags instead)."""
     x0 = np.float64(tx * tile_size) + PIXEL_CENTER
     y0 = np.float64(ty * tile_size) + PIXEL_CENTER
     top = tile_size - 1
@@ -84,7 +84,7 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
     f_conics = conics.reshape(conics.size)
     f_colors = colors.reshape(colors.size)
     f_bounds = bounds.reshape(bounds.size)
-    ranges = bounds.shape[0] > 0  # no bounds: the caller needs no slice ranges
+    ranges = bounds.shape[0] > 0  # no bounds: the caller needs no row ranges
     for j in range(end - start):
         if start + j + GATHER_AHEAD < end:
             h = flatten_ids[start + j + GATHER_AHEAD]
@@ -108,13 +108,11 @@ def gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start, 
         r_lo = bounds[g, 2] - y0
         r_hi = bounds[g, 3] - y0
         if (bounds[g, 1] < x0) | (bounds[g, 0] > x0 + top) | (r_hi < 0.0) | (r_lo > top):
-            s_first[j] = 1
-            s_last[j] = 0
+            r_first[j] = 1
+            r_last[j] = 0
         else:
-            row_lo = int(math.ceil(r_lo)) if r_lo > 0.0 else 0
-            row_hi = int(math.floor(r_hi)) if r_hi < top else top
-            s_first[j] = (row_lo * tile_size) // sub_pixels
-            s_last[j] = (row_hi * tile_size + top) // sub_pixels
+            r_first[j] = int(math.ceil(r_lo)) if r_lo > 0.0 else 0
+            r_last[j] = int(math.floor(r_hi)) if r_hi < top else top
     return end - start
 
 

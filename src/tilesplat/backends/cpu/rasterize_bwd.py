@@ -14,9 +14,10 @@ backward subtracts the same products from it in float64, so the colour still to 
 to float64 rounding even where it is a tiny difference of large sums (saturated pixels).
 
 Work: tiles over threads (``_common.parallel_for``), pixels vectorised
-(``rasterize_bwd_tiles``). The forward recorded which (slice of SUB_PIXELS pixels,
+(``rasterize_bwd_tiles``). The forward recorded which (group of GROUP_PIXELS pixels,
 intersection) pairs contribute to a pixel (``rasterize_saved``); both schemes evaluate each
-intersection only over the span of its flagged slices.
+intersection only from its first flagged group to its last, and sum its gradient over the span
+of its flagged slices.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing
@@ -86,7 +87,7 @@ def backward_kernel(
     """Tiles first, first + step, ...; fills part [n, 8 + D], the gradient rows of the
     intersections (row k: intersection k), and bg_part [n_tiles, D] (the tile's sum of
     v_render_colors * T_final). A tile sums its rows in place: its intersections are
-    contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile`` computes no slice
+    contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile`` computes no row
     ranges: the forward's flags say more); max_len: the longest tile list; colors_lo
     [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
     (per_splat); trans_final [I, H, W] or [0, 0, 0]: the forward's final transmittances
@@ -102,8 +103,8 @@ def backward_kernel(
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
     loc = np.empty((max_len, 6 + n_ch), dt)
-    s_first = np.empty(max_len, np.int32)
-    s_last = np.empty(max_len, np.int32)
+    r_first = np.empty(max_len, np.int32)
+    r_last = np.empty(max_len, np.int32)
     n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
     n_pad = n_sub * SUB_PIXELS  # pixels padded to whole slices (padding: last_id -1)
     buf = np.zeros((N_BUF + n_ch, n_pad), dt)  # the tile's scratch (tile_rows)
@@ -171,8 +172,7 @@ def backward_kernel(
             continue
         # only rows up to the tile's last contributor are ever read
         n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
-                          min(end, k_tile + 1), tx, ty, tile_size, SUB_PIXELS, loc, s_first,
-                          s_last)
+                          min(end, k_tile + 1), tx, ty, tile_size, loc, r_first, r_last)
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)

@@ -2,13 +2,16 @@
 (``rasterize_bwd`` runs them tile by tile).
 
 The tile walks its intersections in order (per_splat front to back, per_pixel back to front),
-each over the span of pixel slices (SUB_PIXELS pixels) from the first to the last the forward
-flagged as contributing (``rasterize_saved``), in three vectorised loops over the span's
-pixels: the pair and its hit test, T and 1 / (1 - alpha); the colour step (d loss / d alpha,
-in float64); and :func:`pair_grads` (sums over the pixels, the only place that may
-reassociate). Skipping unflagged slices is exact: their pairs change neither T nor any
-gradient. Spans are whole slices, so the loops have no remainder, and one span's sums take one
-horizontal reduction each (one per slice took twice the time on garden).
+each in three vectorised loops: the pair and its hit test, T and 1 / (1 - alpha), and the colour
+step (d loss / d alpha, in float64), over the pixels from the first group of GROUP_PIXELS the
+forward flagged as contributing to the last (``rasterize_saved``); then :func:`pair_grads`
+(sums over the pixels, the only place that may reassociate) over the span of whole slices
+(SUB_PIXELS) from the first flagged slice to the last, with zeros where the pair loops did not
+run. Skipping unflagged pixels is exact: their pairs change neither T nor any gradient. The
+sums keep whole slices because their order is the compiled reduction's (lanes by position in
+the span): a span cut to the groups would change their bits. Spans are whole slices, so the
+sums have no remainder, and one span's sums take one horizontal reduction each (one per slice
+took twice the time on garden).
 
 A pixel-Gaussian pair contributes exactly when ``k <= last_id`` and it passes the skip tests
 (sigma >= 0, alpha >= ALPHA_SKIP): before its last contribution a pixel is never stopped. So
@@ -34,7 +37,7 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP
 from ..shared.typed import like
 from ._common import sm
 from .rasterize_fwd import composite_step
-from .rasterize_saved import SUB_PIXELS
+from .rasterize_saved import GROUP_PIXELS, SUB_PIXELS
 
 # Columns of the per-intersection gradient rows; colours follow from N_FIXED.
 C_MX, C_MY, C_A, C_B, C_C, C_OP, C_ABSX, C_ABSY = range(8)
@@ -137,11 +140,12 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
 def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgrad, per_splat,
               rows):
     """A tile's P pixels (whole slices of SUB_PIXELS): adds to rows[k0 + j] the gradient of the
-    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each over the
-    span of pixel slices from the first to the last the forward flagged for it (an unflagged
-    slice inside the span changes nothing: none of its pairs contributes). per_pixel walks
-    back to front from j_end - 1, per_splat front to back. One row's sums run over its whole
-    span at once: one horizontal reduction per row and quantity, not one per slice.
+    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each evaluated
+    from the first to the last group of pixels the forward flagged for it and summed over the
+    slices of those (unflagged pixels inside change nothing: none of their pairs contributes).
+    per_pixel walks back to front from j_end - 1, per_splat front to back. One row's sums run
+    over its whole span at once: one horizontal reduction per row and quantity, not one per
+    slice.
 
     flags [n, n_sub] the forward's; last [P] int32 its last_ids (-1: none, or outside);
     trans [P]: per_pixel T after the current Gaussian (starts at the forward's T_final),
@@ -181,10 +185,28 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
         # contiguous accesses (it gathered); spans are whole slices, so no loop remainder
         p0 = np.uint64(s_lo * SUB_PIXELS)
         p1 = np.uint64((s_hi + 1) * SUB_PIXELS)
+        # the pixels from the first flagged group to the last: the pair pass and the colour
+        # step run on those, the sums on the whole span (their order stays the span's)
+        g_lo = np.int64(flags[k0 + j, s_lo])
+        g_hi = np.int64(flags[k0 + j, s_hi])
+        first = 0
+        while (g_lo >> first) & 1 == 0:
+            first += 1
+        end = 8
+        while (g_hi >> (end - 1)) & 1 == 0:
+            end -= 1
+        q0 = np.uint64(s_lo * SUB_PIXELS + first * GROUP_PIXELS)
+        q1 = np.uint64(s_hi * SUB_PIXELS + end * GROUP_PIXELS)
+        for p in range(p0, q0):  # no contribution: what the skipped loops would have written
+            v_alpha[p] = zero
+            w[p] = zero
+        for p in range(q1, p1):
+            v_alpha[p] = zero
+            w[p] = zero
         mx, my, a, b, c, op = loc[j, 0], loc[j, 1], loc[j, 2], loc[j, 3], loc[j, 4], loc[j, 5]
         k32 = np.int32(k0 + j)
         if per_splat:
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 t = trans[p]
                 ge, alpha, t_next, ok, _ = composite_step(a, b, c, op, mx - px[p], my - py[p],
                                                           t, live)
@@ -194,7 +216,7 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
                 inv_1ma[p] = one / (one - alpha)
                 gauss[p] = ge
         else:
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 s = sm.gaussian_sigma(a, b, c, mx - px[p], my - py[p])
                 ge = sm.exp_neg(s)
                 alpha = min(clamp, op * ge)
@@ -207,27 +229,27 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
         if n_ch == 3:
             c0, c1, c2 = loc[j, 6], loc[j, 7], loc[j, 8]
             if per_splat:
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], True)
                     w[p], v_alpha[p], state[p] = wp, vap, st
             else:
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     wp, vap, st = color_px(op * gauss[p], t_k[p], inv_1ma[p],
                                            v_c64[0, p], v_c64[1, p], v_c64[2, p], c0, c1, c2,
                                            state[p], False)
                     w[p], v_alpha[p], state[p] = wp, vap, st
         else:  # any channel count
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 w[p] = min(clamp, op * gauss[p]) * t_k[p]
                 dot[p] = 0.0
             for d in range(n_ch):
                 cd = loc[j, 6 + d]
-                for p in range(p0, p1):
+                for p in range(q0, q1):
                     vd = f64(buf[N_BUF + d, p])
                     dot[p] += vd * f64(cd)
-            for p in range(p0, p1):
+            for p in range(q0, q1):
                 behind = state[p] - f64(w[p]) * dot[p] if per_splat else state[p]
                 state[p] = behind if per_splat else state[p] + f64(w[p]) * dot[p]
                 t = t_k[p]

@@ -19,12 +19,15 @@ from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_ST
 from ..shared.typed import like
 from ._common import sm, tile_span
 from .cull import gather_tile
-from .rasterize_saved import SUB_PIXELS
+from .rasterize_saved import GROUP_PIXELS, SUB_PIXELS
 
 # A tile is composited in slices of SUB_PIXELS pixels (4 rows of a 16 x 16 tile), each stopping
-# on its own when its pixels are done: the lanes of finished pixels idle for less long. The
-# result does not depend on it (every pixel still sees the same sequence). The forward records
-# which (slice, intersection) pairs contribute, for the backward (``rasterize_saved``).
+# on its own when its pixels are done: the lanes of finished pixels idle for less long. Within
+# a slice a Gaussian is evaluated on the rows its alpha ellipse reaches (``cull``): at 1 M
+# Gaussians at 1297 x 840 that is 10 % fewer pairs than whole slices. The result does not depend
+# on either (every pixel still sees the same sequence of contributing pairs). The forward
+# records which groups of GROUP_PIXELS pixels each intersection contributes to, for the
+# backward (``rasterize_saved``).
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -58,14 +61,15 @@ def composite_step(a, b, c, op, dx, dy, t, live):
 
 
 @njit(cache=True, error_model="numpy")
-def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, weight, acc,
-               flags):
+def blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k, px, py, live, trans, last, weight,
+               acc, flags):
     """Composites a tile's Gaussians loc[0..n_k-1] (``cull.gather_tile`` rows; row j is
-    intersection k0 + j) front to back into the state of its pixel slice ``sub``; rows whose
-    slice range s_first..s_last excludes ``sub`` cannot reach it and are skipped.
-    flags [n, n_sub] uint8 (or [n, 0]: not kept): sets flags[k0 + j, sub] to 1 where row j
-    contributes to a pixel of the slice (``rasterize_saved``; the caller zeroed the tile's
-    rows).
+    intersection k0 + j) front to back into the state of its pixel slice ``sub`` (pixels
+    sub * SUB_PIXELS + p of the tile, row-major, p < P), each only on the pixels of its tile
+    rows r_first[j]..r_last[j]: the others cannot get alpha >= ALPHA_SKIP from it.
+    flags [n, n_sub] uint8 (or [n, 0]: not kept): sets bit g of flags[k0 + j, sub] where row j
+    contributes to a pixel of the slice's group g (pixels GROUP_PIXELS g ..; see
+    ``rasterize_saved``; the caller zeroed the tile's rows).
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
     last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] float64
@@ -74,9 +78,13 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
     """
     n_pix = px.shape[0]
     n_ch = acc.shape[0]
+    keep_flags = flags.shape[1] > 0
+    lo = sub * SUB_PIXELS
     zero = like(trans[0], 0.0)
     for j in range(n_k):
-        if (sub < s_first[j]) | (sub > s_last[j]):
+        first = max(r_first[j] * tile_size - lo, 0)
+        end = min((r_last[j] + 1) * tile_size - lo, n_pix)
+        if first >= end:
             continue
         mx = loc[j, 0]
         my = loc[j, 1]
@@ -85,9 +93,13 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
         c = loc[j, 4]
         op = loc[j, 5]
         k32 = np.int32(k0 + j)
+        # unsigned: a signed start would keep LLVM from seeing contiguous accesses (NumPy's
+        # wrap-around of negative indices: it gathered)
+        p0 = np.uint64(first)
+        p1 = np.uint64(end)
         n_live = np.int32(0)  # int32 counters: an int64 sum would halve the vector width
         n_hit = np.int32(0)
-        for p in range(n_pix):
+        for p in range(p0, p1):
             t = trans[p]
             _, alpha, t_next, hit, stop = composite_step(a, b, c, op, mx - px[p], my - py[p], t,
                                                          live[p])
@@ -97,13 +109,23 @@ def blend_tile(loc, s_first, s_last, sub, k0, n_k, px, py, live, trans, last, we
             live[p] = np.int32(0) if stop else live[p]
             n_live = np.int32(n_live + live[p])
             n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
-        if n_hit > 0:
-            if flags.shape[1] > 0:
-                flags[k32, sub] = np.uint8(1)
-            for d in range(n_ch):
-                cd = np.float64(loc[j, 6 + d])
-                for p in range(n_pix):
-                    acc[d, p] += np.float64(weight[p]) * cd
+        if n_live == 0:  # the rows are done: is the slice?
+            for p in range(n_pix):
+                n_live = np.int32(n_live + live[p])
+        if n_hit == 0:
+            if n_live == 0:
+                break
+            continue
+        if keep_flags:
+            groups = np.uint32(0)
+            for p in range(p0, p1):  # weight > 0 exactly where the pair contributes
+                bit = np.uint32(1) if weight[p] > zero else np.uint32(0)
+                groups |= bit << np.uint32(p // np.uint64(GROUP_PIXELS))
+            flags[k32, sub] = np.uint8(groups)
+        for d in range(n_ch):  # + 0 where nothing hit: exact (acc is never -0)
+            cd = np.float64(loc[j, 6 + d])
+            for p in range(p0, p1):
+                acc[d, p] += np.float64(weight[p]) * cd
         if n_live == 0:
             break
 
@@ -146,8 +168,8 @@ def forward_kernel(
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
     loc = np.empty((max_len, 6 + n_ch), dt)
-    s_first = np.empty(max_len, np.int32)
-    s_last = np.empty(max_len, np.int32)
+    r_first = np.empty(max_len, np.int32)
+    r_last = np.empty(max_len, np.int32)
     keep_lo = out_lo.shape[0] > 0
     keep_trans = out_trans.shape[0] > 0
     keep_flags = out_flags.shape[1] > 0
@@ -169,16 +191,17 @@ def forward_kernel(
         n_k = 0
         if end > start:
             n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
-                              end, tx, ty, tile_size, SUB_PIXELS, loc, s_first, s_last)
+                              end, tx, ty, tile_size, loc, r_first, r_last)
         for sub in range(n_sub if n_k > 0 else 0):
             lo = sub * SUB_PIXELS
             hi = min(n_pix, lo + SUB_PIXELS)
             if live[lo:hi].sum() > 0:
                 blend_tile(
                     loc,
-                    s_first,
-                    s_last,
+                    r_first,
+                    r_last,
                     sub,
+                    tile_size,
                     start,
                     n_k,
                     px[lo:hi],

@@ -3,11 +3,13 @@
 The autograd op (``ops/rasterize.py``) saves one extra tensor per forward; the CPU backend
 keeps two things in it, as one uint8 buffer:
 
-- hit flags [n, n_sub] uint8: flags[k, s] is 1 where intersection k contributes (passes
-  the skip tests and is not stopped) to at least one pixel of slice s of its tile
-  (SUB_PIXELS pixels in the tile's row-major order), else 0. The backward evaluates only the
-  flagged (slice, intersection) pairs; skipping the others is exact (they change neither T
-  nor any gradient). On garden 28% of the pairs the forward evaluates contribute nowhere.
+- hit flags [n, n_sub] uint8: bit g of flags[k, s] is 1 where intersection k contributes
+  (passes the skip tests and is not stopped) to at least one pixel of group g of slice s of
+  its tile (slices of SUB_PIXELS pixels in the tile's row-major order, groups of GROUP_PIXELS
+  pixels of a slice: half a row of a 16 x 16 tile), else 0. The backward evaluates only the
+  flagged (slice, intersection) pairs, and in those only the pixels from the first flagged
+  group to the last; skipping the others is exact (they change neither T nor any gradient).
+  On garden 28% of the pairs the forward evaluates contribute nowhere.
 - the scheme's float buffer, 8-byte aligned after the flags: per_pixel, the final
   transmittances [I, H, W]; per_splat in float32, the colours' rounding residual
   [I, H, W, D] (see ``rasterize.forward``); nothing for per_splat in float64.
@@ -23,6 +25,7 @@ import torch
 from ._common import poison_enabled
 
 SUB_PIXELS = 64  # pixels of one slice of a tile (4 rows of a 16 x 16 tile): see rasterize_fwd
+GROUP_PIXELS = SUB_PIXELS // 8  # pixels of one bit of a slice's flags (a uint8)
 
 
 def n_slices(tile_size: int) -> int:
