@@ -7,6 +7,9 @@ the count under a budget that grows linearly from the count at ``refine_start_it
 The count then stays near the budget, so a step's cost is bounded from the start: the
 default strategy on the built-in scene overshoots to 25,000 Gaussians when it densifies
 often, and every later step pays for them.
+
+``budget_score`` chooses the candidates' order: ``gradient`` (the mean screen-space gradient)
+or ``views`` (the number of views that asked the Gaussian to grow, ``strategy/views.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ import torch
 from ..keys import Key
 from .default import DefaultStrategy
 from .mcmc import CAP_MAX
+from .views import add_hot_views, rank_by_views
+
+BUDGET_SCORE = Key("budget_score", "gradient", "budget: the order in which candidates grow "
+                   "under the budget: gradient (the mean screen-space gradient) or views (the "
+                   "views in which it exceeded grow_grad2d; strategy/views.py)",
+                   choices=("gradient", "views"))
 
 
 @dataclass
@@ -27,21 +36,42 @@ class BudgetStrategy(DefaultStrategy):
     """The default strategy, growing by the best candidates under a linear budget."""
 
     cap_max: int = 1_000_000
+    budget_score: str = "gradient"
 
-    KEYS: ClassVar[tuple[Key, ...]] = (*DefaultStrategy.KEYS, CAP_MAX)
+    KEYS: ClassVar[tuple[Key, ...]] = (*DefaultStrategy.KEYS, CAP_MAX, BUDGET_SCORE)
 
     @classmethod
     def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> BudgetStrategy:
-        """The default strategy's thresholds and the config's ``cap_max``."""
+        """The default strategy's thresholds, the config's ``cap_max`` and ``budget_score``."""
         made = super().from_config(cfg, key_for_gradient)
-        return dataclasses.replace(made, cap_max=cfg.cap_max)
+        return dataclasses.replace(made, cap_max=cfg.cap_max, budget_score=cfg.budget_score)
 
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
-        """The default strategy's state, and ``start_count`` (the count when densification
-        starts, set then)."""
+        """The default strategy's state, ``start_count`` (the count when densification
+        starts, set then) and, with ``budget_score = "views"``, ``hot`` [N] (the views since
+        the last refinement in which each Gaussian's gradient exceeded ``grow_grad2d``)."""
         state = super().initialize_state(scene_scale)
         state["start_count"] = None
+        if self.budget_score == "views":
+            state["hot"] = None
         return state
+
+    @torch.no_grad()
+    def _accumulate(self, params: Any, state: dict, info: dict, packed: bool) -> None:
+        super()._accumulate(params, state, info, packed)
+        if self.budget_score != "views":
+            return
+        if state.get("hot") is None:
+            state["hot"] = torch.zeros_like(state["count"])
+        add_hot_views(state["hot"], info, self.key_for_gradient, self.absgrad,
+                      self.grow_grad2d, packed)
+
+    @torch.no_grad()
+    def _grow(self, params: Any, optimizers: Any, state: dict, step: int) -> tuple[int, int]:
+        grown = super()._grow(params, optimizers, state, step)
+        if state.get("hot") is not None:  # counted again from this refinement on
+            state["hot"].zero_()
+        return grown
 
     def budget_at(self, step: int, start_count: int) -> int:
         """The largest count allowed after the refinement at ``step``."""
@@ -62,7 +92,8 @@ class BudgetStrategy(DefaultStrategy):
         n_cand = int(cand.sum())
         if n_cand <= room:
             return is_dup, is_split
-        score = torch.where(cand, grads, torch.full_like(grads, -1.0))
+        order = rank_by_views(state["hot"], grads) if self.budget_score == "views" else grads
+        score = torch.where(cand, order, torch.full_like(grads, -1.0))
         keep = torch.zeros_like(cand)
         if room > 0:
             keep[torch.topk(score, room).indices] = True

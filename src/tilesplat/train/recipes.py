@@ -43,7 +43,11 @@ FAST: dict[str, Any] = {
     # textured capture's count, with every step's cost, grew past the 3DGS recipe's. The
     # built-in scene ends under it (10,300 Gaussians); the tests' room (70,000 with the 3DGS
     # recipe) ends at it, 0.14 dB below the 3DGS recipe in 0.32 of its wall time (20,000:
-    # 0.54 dB below in 0.22)
+    # 0.54 dB below in 0.22). Measured again on four scenes by CPU time (docs/training.md,
+    # "Four scenes, two of them unseen"): 0.22-0.32 of the 3DGS run's; an OPENCV capture
+    # +0.09/+0.11 dB, the room +0.24/-0.26 (seeds 0/1), garden-views (budget-bound at
+    # 37,500) -0.13 and +0.10 with cap_max 60,000 (0.26 of the time). Ranking the
+    # candidates by the views that ask for them (budget_score = "views") cost 0.63 dB there
     "strategy": "budget",
     "cap_max": 40_000,
     # coarse images first: over its 1,200 steps, 1/4 size until step 80, 1/2 until 160, then
