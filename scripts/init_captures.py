@@ -1,9 +1,13 @@
 """The "captures without points" table of docs/training.md (the recipe's Initialisation): a
 judging capture trained from its own points, from ``init = "triangulate"`` (pycolmap, made up
-to ``init_frustum_points`` by the frustum's) and from the frustum's points alone.
+to ``init_frustum_points`` by the frustum's) and from the frustum's points alone; and, for
+reference, from the exact surface points of the training views only (``train_points``: the
+ray-cast points under every 8th pixel of the training views, where the capture's points are
+those of all its views, the test views' included, as a COLMAP model of all the photos).
 
 Writes the capture (``--captures``: the room at seed 2, the ring of cameras looking outward of
-tests/pose_helpers.outward_poses; ``--size``, 24 views, 18 train / 6 test) into ``--out`` once,
+tests/pose_helpers.outward_poses; ``--size``, 24 views, 18 train / 6 test; at 80x60 the room
+is the capture tests' own, capture_helpers.shared_captures) into ``--out`` once,
 then trains each arm with the defaults (SH degree 0, default densification) for ``--steps``
 and prints the test PSNR, the difference to the capture's points, the initial and final
 numbers of Gaussians and the init log line. Each arm's row is cached beside the capture
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from capture_helpers import psnr_on
+from capture_helpers import psnr_on, shared_captures
 from pose_helpers import outward_poses
 from tilesplat.data import room
 from tilesplat.data.captures import pinhole_camera, scene_points, write_capture
@@ -32,7 +36,7 @@ from tilesplat.data.dataset import load_dataset
 from tilesplat.train import TrainConfig, Trainer, apply_overrides
 
 CAPTURES = ("room", "outward")
-ARMS = ("points", "triangulate", "frustum")
+ARMS = ("points", "triangulate", "frustum", "train_points")
 KEYS = ["sh_degree=0", "log_every=1000", "checkpoint_every=0", "progress=false", "lpips=false",
         "save_ply=false", "save_renders=false", "test_every=4"]
 
@@ -43,6 +47,9 @@ def write_captures(out: Path, width: int, height: int, names) -> dict[str, Path]
     cam = pinhole_camera(width, height)
     folders = {}
     for name in names:
+        if (width, height) == (80, 60) and name == "room":
+            folders[name] = shared_captures(out / "lens")["pinhole_bin"]
+            continue
         folders[name] = folder = out / name
         if (folder / "images").is_dir():
             continue
@@ -62,11 +69,18 @@ def run(folder: Path, arms, steps: int, run_dir: Path, extra: list[str]) -> dict
             continue
         if arm == "triangulate" and importlib.util.find_spec("pycolmap") is None:
             raise SystemExit("init = triangulate needs pycolmap (pip install 'tilesplat[sfm]')")
-        cfg = apply_overrides(TrainConfig(), [*KEYS, f"steps={steps}", f"init={arm}", *extra])
+        data = ds if arm == "points" else bare
+        if arm == "train_points":
+            width, height = ds.train[0].width, ds.train[0].height
+            xyz, rgb = scene_points(torch.stack([f.viewmat for f in ds.train]).double().numpy(),
+                                    pinhole_camera(width, height), stride=8)
+            data = dataclasses.replace(ds, points=torch.from_numpy(xyz).float(),
+                                       points_rgb=torch.from_numpy(rgb).float() / 255.0)
+        init = "points" if arm == "train_points" else arm
+        cfg = apply_overrides(TrainConfig(), [*KEYS, f"steps={steps}", f"init={init}", *extra])
         lines: list[str] = []
         t0 = time.perf_counter()
-        trainer = Trainer(cfg, ds if arm == "points" else bare, str(run_dir / arm),
-                          log=lines.append)
+        trainer = Trainer(cfg, data, str(run_dir / arm), log=lines.append)
         start = int(trainer.params["means"].shape[0])
         trainer.train()
         rows[arm] = {"psnr": psnr_on(trainer, ds.test), "start": start,

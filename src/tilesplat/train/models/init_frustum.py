@@ -228,6 +228,10 @@ def frustum_points(
         random_depth = 1.0 / (1.0 / near + torch.rand(keep, dtype=torch.float64)
                               * (1.0 / far - 1.0 / near))
         depth = torch.where(ok, best, random_depth)
+        sure = ok & (ratio[chosen] <= RATIO_MAX)
+        if sure.any():  # the others at the depth of the nearest distinct one in the image
+            nearest = torch.cdist(xy, xy[sure]).argmin(dim=1)
+            depth = torch.where(sure, best, best[sure][nearest])
         pts.append(eyes[v] + centre * depth[:, None])
         rgbs.append(_sample(images[v].permute(2, 0, 1).float(), xy.float())[0])
         distinct.append(ratio[chosen] <= RATIO_MAX)
