@@ -50,7 +50,8 @@ def _shared_rows(coeffs: Tensor, lead: tuple[int, ...]) -> tuple[Tensor, tuple[i
     if M and bcast and bcast == list(range(bcast[0], bcast[-1] + 1)):
         inner = math.prod(lead[bcast[-1] + 1:])
         reps = math.prod(lead[bcast[0]:bcast[-1] + 1])
-        return coeffs.reshape(-1, K, 3).contiguous(), (inner, reps)
+        rows = math.prod(c for i, c in enumerate(clead) if i not in bcast)
+        return coeffs.reshape(rows, K, 3).contiguous(), (inner, reps)
     return coeffs.expand(*lead, K, 3).reshape(M, K, 3).contiguous(), (max(M, 1), 1)
 
 

@@ -141,13 +141,13 @@ def _covar_bwd_args(F):
 
 def _sh_fwd_args(F):
     b = nt.boolean
-    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(b, 1), b, _arr(F, 2))
+    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(F, 3), _arr(b, 1), b, _arr(F, 2))
 
 
 def _sh_bwd_args(F):
     b = nt.boolean
-    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(b, 1), b, _arr(F, 2), b, _arr(F, 3),
-            _arr(F, 2))  # fmt: skip
+    return (nt.int64, _arr(F, 2), _arr(F, 3), _arr(F, 3), _arr(b, 1), b, _arr(F, 2), b,
+            _arr(F, 3), _arr(F, 3), _arr(F, 2))  # fmt: skip
 
 
 def _segment_args(F):
