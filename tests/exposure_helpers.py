@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pose_helpers import outward_poses
 from tilesplat.data import room
 from tilesplat.data.captures import pinhole_camera, scene_points, write_capture
 from tilesplat.data.dataset import SceneDataset, load_dataset
@@ -37,26 +38,6 @@ TRAIN = ["sh_degree=0", "refine_start=100000", "init_scale=0.5", "checkpoint_eve
          f"test_every={TEST_EVERY}", "backend=cpu"]
 
 
-def outward_viewmats(n: int = N_VIEWS, seed: int = 3) -> np.ndarray:
-    """[n, 4, 4] world-to-camera (OpenCV axes): a ring 1.1-1.4 m from the room's centre,
-    0.9-1.3 m high, each camera looking out at the walls and a little down (docs/training.md,
-    pose refinement's outward capture)."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((n, 4, 4))
-    for i in range(n):
-        a = 2 * np.pi * i / n + rng.uniform(-0.05, 0.05)
-        r = rng.uniform(1.1, 1.4)
-        eye = np.array([r * np.cos(a), r * np.sin(a), rng.uniform(0.9, 1.3)])
-        j = a + rng.uniform(-0.15, 0.15)
-        fwd = np.array([np.cos(j), np.sin(j), rng.uniform(-0.35, -0.1)])
-        fwd /= np.linalg.norm(fwd)
-        right = np.cross(fwd, [0.0, 0.0, 1.0])
-        right /= np.linalg.norm(right)
-        rot = np.stack([right, np.cross(fwd, right), fwd])
-        out[i, :3, :3], out[i, :3, 3], out[i, 3, 3] = rot, -rot @ eye, 1.0
-    return out
-
-
 def write_judging_capture(out: Path, kind: str, width: int, height: int) -> Path:
     """The ``kind`` capture ("room": room.camera_poses(24, seed=2), or "outward") at
     ``width`` x ``height`` with its ray-cast points (a point per 4 pixels at 80 across),
@@ -64,7 +45,7 @@ def write_judging_capture(out: Path, kind: str, width: int, height: int) -> Path
     if (out / "done").is_file():
         return out
     cam = pinhole_camera(width, height)
-    views = room.camera_poses(N_VIEWS, seed=2) if kind == "room" else outward_viewmats()
+    views = room.camera_poses(N_VIEWS, seed=2) if kind == "room" else outward_poses(N_VIEWS)
     write_capture(out, cam, views, points=scene_points(views, cam, stride=max(4 * width // 80, 1)))
     (out / "done").write_text("ok")
     return out
