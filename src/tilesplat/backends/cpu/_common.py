@@ -20,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import shared
+from .hugepages import advise_huge_pages
 
 # Numba-IR inlining is kept for the per-pair functions of the rasterizer's vectorised loops;
 # the others are ordinary calls (LLVM may still inline them), which keeps compilation short.
@@ -90,11 +91,13 @@ def poison_enabled() -> bool:
 
 
 def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An output buffer on the CPU, NaN-/sentinel-filled in poison mode."""
+    """An output buffer on the CPU, NaN-/sentinel-filled in poison mode; a large one is
+    backed by huge pages (:mod:`.hugepages`)."""
+    out = torch.empty(shape, dtype=dtype)
+    advise_huge_pages(out)
     if poison_enabled():
-        fill = float("nan") if dtype.is_floating_point else POISON_INT
-        return torch.full(shape, fill, dtype=dtype)
-    return torch.empty(shape, dtype=dtype)
+        out.fill_(float("nan") if dtype.is_floating_point else POISON_INT)
+    return out
 
 
 def view(t: torch.Tensor) -> np.ndarray:
