@@ -277,3 +277,28 @@ def test_a_fast_run_on_a_tiny_scene_stops_on_its_own(tmp_path):
     assert cfg.steps == FAST["steps"] and cfg.early_stop_patience == FAST["early_stop_patience"]
     assert trainer.step == 5 * (FAST["early_stop_patience"] + 1)
     assert trainer.history["test_step"][-1] == trainer.step
+
+
+def test_the_budget_grows_with_the_largest_training_image(tmp_path):
+    """cap_per_pixel: the cap at least that many Gaussians per pixel of the largest training
+    image (the fast recipe's 0.88: garden-views' 324x210 gets 59,875, the room's 128x96 keeps
+    cap_max); the trainer passes its images' size."""
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train import seams
+    from tilesplat.train.loop.trainer import Trainer
+
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    assert seams.strategy(fast, image_pixels=324 * 210).cap_max == 59_875
+    assert seams.strategy(fast, image_pixels=128 * 96).cap_max == FAST["cap_max"]
+    assert seams.strategy(fast).cap_max == FAST["cap_max"]  # no size given: cap_max alone
+    off = apply_overrides(fast, ["cap_per_pixel=0"])
+    assert seams.strategy(off, image_pixels=10**7).cap_max == FAST["cap_max"]
+    assert seams.strategy(TrainConfig(), image_pixels=10**7) == seams.strategy(TrainConfig())
+    with pytest.raises(ValueError, match="cap_per_pixel"):
+        apply_overrides(TrainConfig(), ["cap_per_pixel=-1"])
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=2, n_test=1, size=16)
+    cfg = apply_overrides(TrainConfig(), [
+        "strategy=budget", "cap_max=10", "cap_per_pixel=2.5", "init_points=50", "steps=1",
+        "progress=false", "lpips=false", "checkpoint_every=0", "save_ply=false"])
+    trainer = Trainer(cfg, load_dataset(folder), tmp_path / "run", log=lambda _: None)
+    assert trainer.strategy.cap_max == round(2.5 * 16 * 16)

@@ -125,6 +125,11 @@ class Strategy:
         given = {"packed": packed, "lr": lr}
         self.step_post_backward(*hook_args, **{k: given[k] for k in self.POST_BACKWARD_ARGS})
 
+    def for_images(self, pixels: int) -> Strategy:
+        """The strategy for training images of at most ``pixels`` pixels each: itself, unless
+        a limit of it scales with the image size."""
+        return self
+
     def share(self, rank: int, world_size: int) -> Strategy:
         """The strategy of rank ``rank``'s shard when ``world_size`` ranks each densify a
         shard of the model (model-parallel training): itself, unless a limit of the whole

@@ -8,6 +8,12 @@ The count then stays near the budget, so a step's cost is bounded from the start
 default strategy on the built-in scene overshoots to 25,000 Gaussians when it densifies
 often, and every later step pays for them.
 
+``cap_per_pixel`` ties the budget to the image size (DashGaussian matches its primitive budget
+to its resolution schedule): the cap is at least that many Gaussians per pixel of the
+largest training image. A step's cost is about a part that grows with the pixels and a part
+that grows with the Gaussians; a cap in proportion to the pixels keeps the second part's
+share of the step the same on small and large images.
+
 ``budget_score`` chooses the candidates' order: ``gradient`` (the mean screen-space gradient)
 or ``views`` (the number of views that asked the Gaussian to grow, ``strategy/views.py``).
 """
@@ -31,20 +37,34 @@ BUDGET_SCORE = Key("budget_score", "gradient", "budget: the order in which candi
                    choices=("gradient", "views"))
 
 
+CAP_PER_PIXEL = Key("cap_per_pixel", 0.0, "budget: the cap at least this many Gaussians per "
+                    "pixel of the largest training image (0: cap_max alone)", ge=0.0)
+
+
 @dataclass
 class BudgetStrategy(DefaultStrategy):
     """The default strategy, growing by the best candidates under a linear budget."""
 
     cap_max: int = 1_000_000
     budget_score: str = "gradient"
+    cap_per_pixel: float = 0.0
 
-    KEYS: ClassVar[tuple[Key, ...]] = (*DefaultStrategy.KEYS, CAP_MAX, BUDGET_SCORE)
+    KEYS: ClassVar[tuple[Key, ...]] = (*DefaultStrategy.KEYS, CAP_MAX, BUDGET_SCORE,
+                                       CAP_PER_PIXEL)
 
     @classmethod
     def from_config(cls, cfg: Any, key_for_gradient: str = "means2d") -> BudgetStrategy:
-        """The default strategy's thresholds, the config's ``cap_max`` and ``budget_score``."""
+        """The default strategy's thresholds, the config's ``cap_max``, ``budget_score`` and
+        ``cap_per_pixel``."""
         made = super().from_config(cfg, key_for_gradient)
-        return dataclasses.replace(made, cap_max=cfg.cap_max, budget_score=cfg.budget_score)
+        return dataclasses.replace(made, cap_max=cfg.cap_max, budget_score=cfg.budget_score,
+                                   cap_per_pixel=cfg.cap_per_pixel)
+
+    def for_images(self, pixels: int) -> BudgetStrategy:
+        """The cap raised to ``cap_per_pixel`` x ``pixels`` (the largest training image's)
+        where that is more."""
+        cap = max(self.cap_max, int(round(self.cap_per_pixel * pixels)))
+        return dataclasses.replace(self, cap_max=cap)
 
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
         """The default strategy's state, ``start_count`` (the count when densification

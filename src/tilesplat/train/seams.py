@@ -126,10 +126,13 @@ def preset(seam: str, name: str) -> dict[str, Any]:
     return {k: chosen[k] if k in chosen else _KEYS[k].default for k in sorted(others)}
 
 
-def strategy(cfg: Any, key_for_gradient: str = "means2d") -> Strategy:
+def strategy(cfg: Any, key_for_gradient: str = "means2d", image_pixels: int = 0) -> Strategy:
     """The densification strategy ``cfg.strategy`` names, with the config's thresholds
-    (``Strategy.from_config``); ``key_for_gradient``: the model kind's screen-space means."""
-    return variant("strategy", cfg.strategy).from_config(cfg, key_for_gradient)
+    (``Strategy.from_config``); ``key_for_gradient``: the model kind's screen-space means;
+    ``image_pixels``: the largest training image's pixels, for a limit that scales with
+    them (``Strategy.for_images``; 0: none)."""
+    made = variant("strategy", cfg.strategy).from_config(cfg, key_for_gradient)
+    return made.for_images(image_pixels) if image_pixels > 0 else made
 
 
 def errors(cfg: Any) -> list[str]:

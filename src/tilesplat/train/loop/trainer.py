@@ -110,7 +110,8 @@ class Trainer:
         self.train_frames = device_frames(dataset.train, self.device)
         self.coarse = CoarseFrames(self.train_frames)  # the images at the schedule's sizes
         self.model = model_kind(cfg)
-        strategy = seams.strategy(cfg, self.model.gradient_key)
+        strategy = seams.strategy(cfg, self.model.gradient_key,
+                                  image_pixels=max(w * h for w, h in sizes))
         self.scene_scale = float(dataset.scene_radius)
         # the features the config switches on (train/features/), before a checkpoint's
         # state is loaded into them
