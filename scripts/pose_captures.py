@@ -29,6 +29,7 @@ from pose_helpers import (
     perturb_poses,
     relative_rotation_errors,
     rotation_aligned_errors,
+    unaligned_rotation_errors,
 )
 from tilesplat.data import room
 from tilesplat.data.captures import pinhole_camera, scene_points, write_capture
@@ -91,6 +92,7 @@ def run(folder: Path, extra: list[str], steps: int, run_dir: str) -> dict[str, f
             row[key + "_rot"] = float(rot.median())
             row[key + "_rrot"] = float(rotation_aligned_errors(est, truth).median())
             row[key + "_rpe"] = float(relative_rotation_errors(est, truth).median())
+            row[key + "_urot"] = float(unaligned_rotation_errors(est, truth).median())
             row[key + "_centre"] = float(centre.mean())
     return row
 
@@ -108,14 +110,15 @@ def main() -> None:
     width, height = (int(x) for x in a.size.split("x"))
     folders = write_captures(Path(a.out) / a.size, width, height, a.captures)
     print("capture | noisy without | with | clean twin | share | median rot err (centres) "
-          "| (rotations) | RPE rot | centre err | perfect with (drift)")
+          "| (rotations) | (unaligned) | RPE rot | centre err | perfect with (drift)")
     for name in a.captures:
         r = run(folders[name], a.set, a.steps, str(Path(a.out) / "run"))
         share = (r["noisy_on"] - r["noisy_off"]) / (r["perfect_off"] - r["noisy_off"])
         print(f"{name} | {r['noisy_off']:.2f} | {r['noisy_on']:.2f} | {r['perfect_off']:.2f} | "
               f"{share:.2f} | {r['noisy_off_rot']:.2f} -> {r['noisy_on_rot']:.2f} "
               f"({r['noisy_off_rot'] / r['noisy_on_rot']:.1f}x) | {r['noisy_off_rrot']:.2f} -> "
-              f"{r['noisy_on_rrot']:.2f} | {r['noisy_off_rpe']:.2f} -> {r['noisy_on_rpe']:.2f} | "
+              f"{r['noisy_on_rrot']:.2f} | {r['noisy_off_urot']:.2f} -> {r['noisy_on_urot']:.2f} | "
+              f"{r['noisy_off_rpe']:.2f} -> {r['noisy_on_rpe']:.2f} | "
               f"{r['noisy_off_centre']:.4f} -> "
               f"{r['noisy_on_centre']:.4f} | {r['perfect_on']:.2f} "
               f"({r['perfect_on'] - r['perfect_off']:+.2f}; {r['perfect_on_rot']:.2f} deg)",

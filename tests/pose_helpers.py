@@ -80,6 +80,14 @@ def rotation_aligned_errors(est: torch.Tensor, truth: torch.Tensor) -> torch.Ten
     return torch.rad2deg(torch.acos(cos))
 
 
+def unaligned_rotation_errors(est: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """[N] rotation errors in degrees of world-to-camera matrices ``est`` [N, 4, 4] against
+    ``truth`` as they are, with no alignment: the gauge is the one the initial points fix."""
+    rel = truth[:, :3, :3].double() @ est[:, :3, :3].double().transpose(1, 2)
+    cos = ((rel.diagonal(dim1=1, dim2=2).sum(-1) - 1.0) / 2.0).clamp(-1.0, 1.0)
+    return torch.rad2deg(torch.acos(cos))
+
+
 def relative_rotation_errors(est: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """[N - 1] rotation errors in degrees of the relative rotations of consecutive cameras
     (RPE's rotation part, Sturm et al. 2012; no alignment: the whole scene's motion cancels)

@@ -148,17 +148,29 @@ def test_one_view_or_fewer_points_than_views(room):
     assert pts.shape == (5, 3) and torch.isfinite(pts).all()
 
 
-def test_without_points_it_trains_near_the_capture_with_points(room, tmp_path):
-    # 600 steps of the default training (densification from step 500); measured: 29.41 dB
-    # with the capture's points, 28.95 dB from the frustum's, 19.55 dB from the random box
-    ds, bare = room
+def test_the_outward_ring_without_points_trains_near_it_with_them(outward, tmp_path):
+    """The judging capture the initialisation was not tuned on, at 80x60 and 600 steps: from
+    the frustum's points within 1.5 dB of the capture's points as a COLMAP model of its
+    training photos would have them (the ray-cast points under every 4th pixel of the 18
+    training views; the test photos kept out of the points, as the sparse-view benchmarks
+    keep them out of their SfM). The capture's points of all 24 views carry what only the
+    test views see: 4.4 dB more here (docs/training.md, "Captures without points")."""
+    ds, bare = outward
+    xyz, rgb = scene_points(torch.stack([f.viewmat for f in ds.train]).double().numpy(),
+                            pinhole_camera(ds.train[0].width, ds.train[0].height), stride=4)
+    train_points = dataclasses.replace(ds, points=torch.from_numpy(xyz).float(),
+                                       points_rgb=torch.from_numpy(rgb).float() / 255.0)
     keys = ["steps=600", "sh_degree=0", "log_every=1000", "checkpoint_every=0",
             "progress=false", "lpips=false", "save_ply=false", "save_renders=false",
-            "test_every=4"]
-    scores = []
-    for name, data, init in (("points", ds, "points"), ("frustum", bare, "frustum")):
+            "test_every=4", "backend=cpu"]
+    arms = [("points", train_points), ("frustum", bare)]  # triangulate: tests/test_init_tri*
+    scores = {}
+    for init, data in arms:
+        torch.manual_seed(0)
         cfg = apply_overrides(TrainConfig(), [*keys, f"init={init}"])
-        trainer = Trainer(cfg, data, tmp_path / name, log=lambda _: None)
+        trainer = Trainer(cfg, data, tmp_path / init, log=lambda _: None)
         trainer.train()
-        scores.append(psnr_on(trainer, ds.test))
-    assert scores[1] > scores[0] - 1.5, scores
+        scores[init] = psnr_on(trainer, ds.test)
+    print("outward, test PSNR by init:", {k: round(v, 2) for k, v in scores.items()})
+    for init in scores:
+        assert scores[init] > scores["points"] - 1.5, scores
