@@ -43,6 +43,21 @@ def _edge_gaussians(G, W, H, seed, dtype=torch.float32):
     return means2d.to(dtype), conics.to(dtype), op.to(dtype), radii
 
 
+def _edge_scene(W, H, ts, seed, draw_seed):
+    """250 edge Gaussians (:func:`_edge_gaussians`) with random colours and depths, and their
+    tile intersections at tile size ``ts``: (means2d, conics, colors, opacities,
+    isect_offsets, flatten_ids, the generator of the colours, for further draws)."""
+    means2d, conics, op, radii = _edge_gaussians(250, W, H, seed=seed)
+    g = torch.Generator().manual_seed(draw_seed)
+    colors = torch.rand(250, 3, generator=g)
+    depths = torch.rand(250, generator=g) + 1
+    TW, TH = tile_grid(W, H, ts)
+    _, ids, flat = tilesplat.isect_tiles(means2d[None], radii[None], depths[None], ts, TW, TH,
+                                         backend="torch")
+    offsets = tilesplat.isect_offset_encode(ids, 1, TW, TH, backend="torch")
+    return means2d, conics, colors, op, offsets, flat, g
+
+
 def test_bounds_contain_every_visible_pixel():
     W, H = 120, 90
     means2d, conics, op, _ = _edge_gaussians(400, W, H, seed=0)
@@ -79,14 +94,7 @@ def test_bounds_of_invisible_and_degenerate_gaussians():
 @pytest.mark.parametrize("ts", [16, 12])  # 12: slices of 64 pixels split rows
 def test_rasterize_edge_gaussians_match_reference(scheme, ts):
     W, H = 53, 41
-    means2d, conics, op, radii = _edge_gaussians(250, W, H, seed=1)
-    g = torch.Generator().manual_seed(5)
-    colors = torch.rand(250, 3, generator=g)
-    depths = torch.rand(250, generator=g) + 1
-    TW, TH = tile_grid(W, H, ts)
-    _, ids, flat = tilesplat.isect_tiles(means2d[None], radii[None], depths[None], ts, TW, TH,
-                                         backend="torch")
-    offsets = tilesplat.isect_offset_encode(ids, 1, TW, TH, backend="torch")
+    means2d, conics, colors, op, offsets, flat, g = _edge_scene(W, H, ts, seed=1, draw_seed=5)
     v_colors = torch.randn(1, H, W, 3, generator=g)
     v_alphas = torch.randn(1, H, W, 1, generator=g)
     got = {}
@@ -112,14 +120,7 @@ def test_row_ranges_change_no_bit(ts, monkeypatch):
     from tilesplat.backends.cpu import rasterize
 
     W, H = 53, 41
-    means2d, conics, op, radii = _edge_gaussians(250, W, H, seed=2)
-    g = torch.Generator().manual_seed(6)
-    colors = torch.rand(250, 3, generator=g)
-    depths = torch.rand(250, generator=g) + 1
-    TW, TH = tile_grid(W, H, ts)
-    _, ids, flat = tilesplat.isect_tiles(means2d[None], radii[None], depths[None], ts, TW, TH,
-                                         backend="torch")
-    offsets = tilesplat.isect_offset_encode(ids, 1, TW, TH, backend="torch")
+    means2d, conics, colors, op, offsets, flat, g = _edge_scene(W, H, ts, seed=2, draw_seed=6)
     bg = torch.rand(1, 3, generator=g)
     args = (means2d, conics, colors, op, bg, None, W, H, ts, offsets, flat)
     for scheme in ("per_pixel", "per_splat"):

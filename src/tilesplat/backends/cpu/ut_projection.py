@@ -23,29 +23,6 @@ import numpy as np
 from numba import njit
 
 from ..shared import ut_projection as ut_math
-from ..shared.ut_projection import (  # noqa: F401  (the rows' layout, re-exported for cpu/ut.py)
-    BOTTOM_TO_TOP,
-    LEFT_TO_RIGHT,
-    MODEL_FISHEYE,
-    MODEL_FTHETA,
-    MODEL_OPENCV,
-    MODEL_PINHOLE,
-    N_PARAMS,
-    P_C,
-    P_F,
-    P_K,
-    P_MAX_ANGLE,
-    P_P,
-    P_Q0,
-    P_Q1,
-    P_R0,
-    P_R1,
-    P_S,
-    P_T0,
-    P_T1,
-    RIGHT_TO_LEFT,
-    TOP_TO_BOTTOM,
-)
 from ._common import BLOCK, sm
 
 # the camera and footprint functions of shared/ut_projection.py compiled for the CPU (the

@@ -33,7 +33,7 @@ from torch import Tensor
 from ...backends.torch.ssim import ssim_map
 from ...constants import SSIM_SIGMA, SSIM_WINDOW
 from ...data.dataset import Frame
-from ..step.metrics import CC_RIDGE, _quadratic_features, psnr_of_mse, ssim_metric
+from ..step.metrics import CC_RIDGE, psnr_of_mse, quadratic_features, ssim_metric
 
 TILE = 16  # crops start on the rasterizer's tile grid (its tile size)
 
@@ -122,7 +122,7 @@ def strip_scores(image: Tensor, target: Tensor, mask: Tensor | None, budget: int
     for y0, y1 in strips:
         x, y = image[y0:y1].double(), target[y0:y1].double()
         sq += ((x - y) ** 2).sum()
-        a = _quadratic_features(x.reshape(-1, 3))
+        a = quadratic_features(x.reshape(-1, 3))
         gram += a.T @ a
         rhs += a.T @ (y - x).reshape(-1, 3)
         ssim_sum += _ssim_sum(image, target, y0, y1)
@@ -164,7 +164,7 @@ def _colour_fit(image: Tensor, target: Tensor, gram: Tensor, rhs: Tensor, sq: fl
     for y0, y1 in strips:
         rows = slice(y0, min(height, y1 + SSIM_WINDOW - 1))  # the strip and its overlap
         x = image[rows].double().reshape(-1, 3)
-        fitted = (_quadratic_features(x) @ weights).clamp(0.0, 1.0).reshape(-1, width, 3)
+        fitted = (quadratic_features(x) @ weights).clamp(0.0, 1.0).reshape(-1, width, 3)
         own = y1 - y0
         t = target[y0:y1].double()
         fit_sq += float(((fitted[:own] - t) ** 2).sum())

@@ -47,7 +47,7 @@ def ssim_metric(render: Tensor, target: Tensor) -> float:
 CC_RIDGE = 1e-9  # per pixel: keeps the fit of a flat image near the identity
 
 
-def _quadratic_features(rgb: Tensor) -> Tensor:
+def quadratic_features(rgb: Tensor) -> Tensor:
     """[M, 3] -> [M, 10]: the products r², rg, rb, g², gb, b², then r, g, b and 1."""
     i, j = torch.triu_indices(3, 3)
     return torch.cat([rgb[:, i] * rgb[:, j], rgb, torch.ones_like(rgb[:, :1])], dim=1)
@@ -74,7 +74,7 @@ def color_correct(render: Tensor, target: Tensor) -> Tensor:
         )
     x = render.reshape(-1, 3).double()
     y = target.reshape(-1, 3).double()
-    a = _quadratic_features(x)  # [M, 10]
+    a = quadratic_features(x)  # [M, 10]
     identity = torch.zeros(10, 3, dtype=a.dtype, device=a.device)
     identity[6:9] = torch.eye(3, dtype=a.dtype, device=a.device)
     gram = a.T @ a + CC_RIDGE * len(a) * torch.eye(10, dtype=a.dtype, device=a.device)
