@@ -129,13 +129,16 @@ def test_the_rate_and_warm_up_follow_the_run_length():
 
 
 def test_the_auto_grid_follows_the_image_size():
-    # a cell per 40 pixels, 1 to 16 across and down; half as many in luminance, 4 to 8
-    assert auto_grid_shape((80, 60)) == (2, 2, 4)
+    # a cell per 40 pixels or more (the whole cells that fit), 1 to 16 across and down;
+    # half as many in luminance, 4 to 8
+    assert auto_grid_shape((80, 60)) == (2, 1, 4)
+    assert auto_grid_shape((79, 79)) == (1, 1, 4)  # no cell of under 40 pixels
+    assert auto_grid_shape((64, 48)) == (1, 1, 4)
     assert auto_grid_shape((128, 96)) == (3, 2, 4)
     assert auto_grid_shape((16, 16)) == (1, 1, 4)
-    assert auto_grid_shape((400, 300)) == (10, 8, 5)
+    assert auto_grid_shape((400, 300)) == (10, 7, 5)
     assert auto_grid_shape((1600, 1000)) == (16, 16, 8)  # gsplat's from 640 pixels up
-    assert parse_grid_shape("auto", (80, 60)) == (2, 2, 4)
+    assert parse_grid_shape("auto", (80, 60)) == (2, 1, 4)
     assert parse_grid_shape("4x3x2", (80, 60)) == (4, 3, 2)
     cfg = TrainConfig(post_processing="bilateral_grid").validate()
     assert cfg.bilateral_grid_shape == "auto"

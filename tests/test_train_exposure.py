@@ -2,8 +2,10 @@
 on photos of x0.6-1.5 gain and +-0.05 offsets, with ``post_processing`` the colour-corrected
 test PSNR is at least 1.5 dB (bilateral_grid) or 1 dB (affine) above that of no compensation
 (the issue's margins), at the defaults (the rate and warm-up scaled to the 600 steps, the
-grid 2x2x4 from the 64-pixel images): measured 22.42 dB without, +2.39 dB with the grid,
-+3.25 dB with affine (docs/training.md)."""
+grid 1x1x4 from the 64-pixel images): measured 22.53 dB without, +2.57 dB with the grid,
++2.18 dB with affine on an AVX-512 host; over seeds 0-7 the grid gained +1.71 to +3.24 dB
+(docs/training.md). A 2x2x4 grid gained +0.82 to +2.50 over seeds 0-3: the margin failed on
+one CPU where another's rounding passed it."""
 
 from __future__ import annotations
 

@@ -225,8 +225,9 @@ class BilateralGridFeature(ColourTransforms):
     KEYS = (
         *ColourTransforms.KEYS,
         Key("bilateral_grid_shape", "auto", "bilateral_grid: cells across, down and in "
-            "luminance, 'X,Y,W' (gsplat's 16,16,8), or auto: a cell per 40 pixels across and "
-            "down (1 to 16) and half as many luminance cells (4 to 8); 16,16,8 from 640 pixels"),
+            "luminance, 'X,Y,W' (gsplat's 16,16,8), or auto: a cell per 40 pixels or more across "
+            "and down (the whole cells that fit, 1 to 16) and half as many luminance cells (4 "
+            "to 8); 16,16,8 from 640 pixels"),
         Key("bilateral_grid_lr", 2e-3, "bilateral_grid: Adam learning rate of the grids, times "
             "sqrt(batch_size)", ge=0.0),
         Key("bilateral_grid_tv", 10.0, "bilateral_grid: weight of the grids' total-variation "
