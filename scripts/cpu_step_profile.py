@@ -9,7 +9,8 @@ first camera at ``--resolution``: :func:`tilesplat.bench.scale.scaled_scene`) an
 image, saves them, then runs ``--rounds`` rounds; in each, a child per (checkout, scheme) in
 turn (so a slow phase of a shared machine hits every arm alike) times ``--steps`` steps of
 the trainer's own ``optimization_step`` (L1 + 0.2 SSIM, fused Adam, SH degree 3, packed =
-False) after one untimed step. A child times every cpu-backend op it calls (forward and
+False, the NaN/Inf checks recorded into a flag as the trainer's runner has them) after one
+untimed step. A child times every cpu-backend op it calls (forward and
 backward launchers, wrapped in the registry) and the step's parts; ``python`` is the step's
 time outside the ops and Adam (autograd, PyTorch's glue ops, the loss's L1). Reports per
 stage the min over steps and rounds and the median, and the step's ratio between checkouts.
@@ -49,6 +50,7 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict
         numba.set_num_threads(threads)
         torch.set_num_threads(threads)
     from tilesplat.backends import registry
+    from tilesplat.ops.deferred_checks import FiniteFlag
     from tilesplat.train.config import TrainConfig
     from tilesplat.train.models import model_kind
     from tilesplat.train.models.splats import make_optimizers, make_params
@@ -104,7 +106,11 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict
     for i in range(steps + 1):
         times.clear()
         t0, c0 = time.perf_counter(), time.process_time()
-        optimization_step(params, optimizers, batch, plan, 10_000 + i, clock=Clock())
+        # as the trainer's runner: the NaN/Inf checks into a flag, read after the step
+        flag = FiniteFlag()
+        optimization_step(params, optimizers, batch, plan, 10_000 + i, finite=flag,
+                          clock=Clock())
+        assert not flag.bad_names()
         add("step", t0, c0)
         row = {k: v for k, v in times.items() if "part_" not in k}
         row["adam"], row["cpu:adam"] = times["part_adam"], times["cpu:part_adam"]

@@ -131,6 +131,35 @@ def test_finite_check_large_values_and_broadcast_inputs():
                                       torch.zeros(2, 1, 3))
 
 
+def test_the_steps_deferred_check_is_exact():
+    """Inside the trainer's step the check records each tensor's extremes (aminmax): a NaN,
+    Inf or -Inf at any position of an odd-sized tensor is flagged, in float32, float64 and
+    float16; finite values whose sum overflows (float32 and float64) are not; a bad tensor
+    is named once, and the good ones not at all."""
+    from tilesplat.ops.deferred_checks import FiniteFlag, deferred_finite_checks
+    from tilesplat.ops.validation import check_finite
+
+    def bad_names(**named):
+        flag = FiniteFlag()
+        with deferred_finite_checks(flag):
+            check_finite(named)
+        found = float(flag.found_inf(torch.device("cpu")))
+        names = flag.bad_names()
+        assert found == float(bool(names))
+        return names
+
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for i in range(37):
+                t = torch.linspace(-2.0, 2.0, 37, dtype=dtype)
+                t[i] = bad
+                assert bad_names(a=torch.ones(3), b=t, c=None) == ["b"], (dtype, bad, i)
+    assert bad_names(x=torch.full((1000,), 3e38), y=torch.full((9,), 1.7e308,
+                                                                 dtype=torch.float64)) == []
+    both = torch.tensor([float("nan"), 1.0, float("inf")])
+    assert bad_names(p=both, q=both.clone()) == ["p", "q"]
+
+
 def test_projection_errors():
     means, quats, scales, opac, _ = random_gaussians(5)
     view, K = cameras(1, 10, 10)

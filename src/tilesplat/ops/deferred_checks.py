@@ -8,9 +8,9 @@ device flag instead (:class:`FiniteFlag`), the step hands the flag to fused Adam
 device), and the trainer reads the flag after the next step is queued, through a host copy
 made without waiting (:meth:`FiniteFlag.start_read` -> :class:`FlagRead`).
 
-The sums are taken in float64, so a float32 tensor's sum overflows for no finite input; a
-float64 input whose finite values sum past 1.8e308 would be reported as non-finite (named
-"NaN or Inf, or too large to sum").
+Each tensor is checked by its smallest and largest values (``torch.aminmax``, which
+propagates NaN): both are finite exactly when every value is, in one pass in the tensor's
+own dtype, with no sum to overflow.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ _FLAG: contextvars.ContextVar[FiniteFlag | None] = contextvars.ContextVar(
 class FiniteFlag:
     """The finite checks of one training step, recorded on the device.
 
-    Each check adds the names of its tensors and a [k] bool tensor (whether each one's
-    float64 sum is finite); :meth:`found_inf` is a 0-dim float32 tensor, 1.0 when any
+    Each check adds the names of its tensors and a [k x m] bool tensor (whether each one's
+    values are all finite); :meth:`found_inf` is a 0-dim float32 tensor, 1.0 when any
     check failed, on the device of the checks, as fused Adam's ``found_inf`` takes it.
     """
 
@@ -42,7 +42,10 @@ class FiniteFlag:
         self._read: FlagRead | None = None
 
     def record(self, names: tuple[str, ...], finite: Tensor) -> None:
-        """Add one check: ``finite`` [len(names)] bool."""
+        """Add one check: ``finite`` [len(names) x m] bool, m consecutive results for each
+        name (a name is bad when any of its m is false)."""
+        per_name = finite.numel() // max(len(names), 1)
+        names = tuple(name for name in names for _ in range(per_name))
         self._names.append(names)
         self._finite.append(finite)
         self._found = None
@@ -104,7 +107,8 @@ class FlagRead:
         if float(values[0]) == 0.0:
             return []
         flat = [name for names in self.names for name in names]
-        return [n for n, ok in zip(flat, values[1:].tolist(), strict=True) if not ok]
+        bad = [n for n, ok in zip(flat, values[1:].tolist(), strict=True) if not ok]
+        return list(dict.fromkeys(bad))  # each name once, in order
 
 
 @contextlib.contextmanager

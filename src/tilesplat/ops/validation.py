@@ -184,6 +184,14 @@ def _all_finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+def _finite_extremes(tensors: Iterable[Tensor]) -> Tensor:
+    """[2k] bool: whether each tensor's smallest and largest values (in turn) are finite;
+    both are exactly when all its values are (``aminmax`` propagates NaN). One pass in the
+    tensor's own dtype: no overflow to flag, and no float64 copy (a float32 tensor's
+    float64 sum costs ~50x its float32 one on the CPU)."""
+    return torch.isfinite(torch.stack([x for t in tensors for x in torch.aminmax(t)]))
+
+
 def check_finite(named: dict[str, Tensor | None]) -> None:
     """Rejects NaN or Inf in float tensors (unless switched off by set_check_finite).
 
@@ -199,8 +207,7 @@ def check_finite(named: dict[str, Tensor | None]) -> None:
         return
     deferred = current_flag()
     if deferred is not None:  # the trainer's step: a device flag, read a step later
-        sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors.values()])
-        deferred.record(tuple(tensors), torch.isfinite(sums))
+        deferred.record(tuple(tensors), _finite_extremes(tensors.values()))
         return
     sums = torch.stack([t.sum().to(torch.float64) for t in tensors.values()])
     if bool(torch.isfinite(sums).all()):
