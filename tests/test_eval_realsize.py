@@ -131,6 +131,25 @@ def test_the_tiled_evaluation_equals_the_whole_one(tmp_path):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
 
 
+def test_an_evaluation_of_the_psnr_alone_gives_the_same_psnr():
+    """What the trainer measures during training (``psnr_only``): the PSNR of the full
+    evaluation, to the bit, and no other score; a view scored in strips keeps them all."""
+    cfg = TrainConfig(sh_degree=1, backend="torch", lpips=False).validate()
+    params, frame = _small_gaussians(48, 32)
+    g = torch.Generator().manual_seed(5)
+    frames = [Frame(f"v{i}", frame.viewmat, frame.K, 48, 32,
+                    image=torch.rand(32, 48, 3, generator=g)) for i in range(3)]
+    full = evaluate(params, frames, cfg, (0.0, 0.0, 0.0))
+    alone = evaluate(params, frames, cfg, (0.0, 0.0, 0.0), psnr_only=True)
+    assert alone["psnr"] == full["psnr"]
+    assert [v["psnr"] for v in alone["views"]] == [v["psnr"] for v in full["views"]]
+    assert "ssim" not in alone and "cc_psnr" not in alone and alone["n_views"] == 3
+    assert all(set(v) == {"name", "psnr"} for v in alone["views"])
+    strips = evaluate(params, frames, cfg.replace(eval_tile_pixels=512), (0.0, 0.0, 0.0),
+                      psnr_only=True)
+    assert strips["psnr"] == pytest.approx(full["psnr"], rel=1e-6) and "cc_psnr" in strips
+
+
 def test_spaced_views_are_evenly_spaced_and_the_same_each_time():
     frames = list(range(10))
     assert spaced_views(frames, 0) == frames

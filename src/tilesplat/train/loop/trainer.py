@@ -332,7 +332,8 @@ class Trainer:
         frames = self.dataset.test or trained_dataset(self.features, self.dataset).train
         self.board.add_renders(self.step, params, frames, self.cfg, self.dataset.background)
         frames = spaced_views(frames, self.cfg.eval_max_views)
-        return evaluate(params, frames, self.cfg, self.dataset.background)["psnr"]
+        return evaluate(params, frames, self.cfg, self.dataset.background,
+                        psnr_only=True)["psnr"]
 
     def _open_viewer(self) -> Any:
         """The live view of ``viewer_port`` (docs/viewer.md), or None when it is 0."""

@@ -120,6 +120,7 @@ def evaluate(
     background: Sequence[float],
     out_dir: str | Path | None = None,
     lpips_fn: Callable[[Tensor, Tensor], float] | None = None,
+    psnr_only: bool = False,
 ) -> dict[str, Any]:
     """Render every frame, compare with its image, optionally write the renders as PNG; one
     view at a time, each PNG written (atomically) as its view finishes.
@@ -140,6 +141,10 @@ def evaluate(
             model kind may write its own pictures of the same names there (2DGS:
             ``normal/``, ``normal_from_depth/`` and ``depth/``).
         lpips_fn: an LPIPS scorer from ``metrics.make_lpips``, or None.
+        psnr_only: score the PSNR alone (an evaluation during training, whose early stop
+            and log read nothing else): the same ``psnr``, without the SSIM and the colour
+            fit, which cost more than the render on small views. Views scored in strips
+            still get every score.
 
     Returns:
         ``psnr``, ``ssim``, ``cc_psnr``, ``cc_ssim`` (and ``lpips``) averaged over the views,
@@ -183,8 +188,12 @@ def evaluate(
         target = frame.image.to(device).float()
         mask = masks_to(frame.mask, device)
         view: dict[str, Any] = {"name": frame.name}
-        view.update(strip_scores(image, target, mask, budget) if pixels > budget
-                    else view_scores(image, target, mask))
+        if pixels > budget:
+            view.update(strip_scores(image, target, mask, budget))
+        elif psnr_only:
+            view["psnr"] = psnr(image, target)
+        else:
+            view.update(view_scores(image, target, mask))
         if lpips_fn is not None:
             view["lpips"] = lpips_fn(image, target)
         if folder is not None:
