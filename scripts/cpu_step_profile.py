@@ -18,7 +18,6 @@ stage the min over steps and rounds and the median, and the step's ratio between
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from arm_args import arm_parser
 
 # registry op -> stage name (forward, backward)
 OPS = {
@@ -144,17 +145,9 @@ def make_scene(gaussians: int, resolution: str, path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--src", nargs="+", default=["src"], help="checkouts' src folders (arms)")
-    p.add_argument("--schemes", nargs="+", default=["per_pixel", "per_splat"])
-    p.add_argument("--gaussians", type=int, default=1_000_000)
-    p.add_argument("--resolution", default="1297x840")
-    p.add_argument("--rounds", type=int, default=3)
+    p = arm_parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--scheme", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.scheme, args.steps, args.threads)))

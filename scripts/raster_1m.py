@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import numpy as np
+from arm_args import arm_parser
 
 OUTS = ("render_colors", "render_alphas", "v_means2d", "v_conics", "v_colors", "v_opacities")
 
@@ -108,17 +109,9 @@ def same_bits(a: np.lib.npyio.NpzFile, b: np.lib.npyio.NpzFile) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--src", nargs="+", default=["src"], help="checkouts' src folders (arms)")
-    p.add_argument("--schemes", nargs="+", default=["per_pixel", "per_splat"])
-    p.add_argument("--gaussians", type=int, default=1_000_000)
-    p.add_argument("--resolution", default="1297x840")
-    p.add_argument("--rounds", type=int, default=2)
+    p = arm_parser(__doc__.split("\n\n")[0], rounds=2)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--inputs", default=None, help="reuse (or keep) the inputs at this path")
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--scheme", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
