@@ -60,7 +60,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_knn_distance_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     pts = torch.randn(300, 3, generator=g)
-    got = knn_mean_distance(pts, k=3, chunk=64)
+    got = knn_mean_distance(pts, k=3)
     d2 = torch.cdist(pts.double(), pts.double()).square()
     d2.fill_diagonal_(math.inf)
     want = d2.topk(3, largest=False).values.mean(1).sqrt()
