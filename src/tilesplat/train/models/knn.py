@@ -8,13 +8,17 @@ points (far outliers only make a branch deeper). The tree is implicit: node ``i`
 heap layout (children ``2i + 1``, ``2i + 2``) owns the range ``order[lo:hi]`` that halving
 the root range gives, and splits it at its middle along ``axes[i]`` at ``splits[i]``.
 Distances are the squared differences summed in float64; a query never counts itself, and a
-duplicate of it counts at distance 0.
+duplicate of it counts at distance 0. The tree is built on one thread; the queries run in
+blocks over the CPU backend's threads (``_common.parallel_for``, not numba's
+``parallel=True``), each alone, so the result does not depend on the thread count.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from ...backends.cpu._common import BLOCK, parallel_for
 
 LEAF = 16  # at most this many points in a leaf: scanned one by one
 
@@ -113,16 +117,26 @@ def _query(points, order, axes, splits, q: int, best_d: np.ndarray, best_i: np.n
             stack.append((2 * node + 2, mid, hi, bound))
 
 
-@njit(cache=True, parallel=True)
+@njit(nogil=True, cache=True)
+def query_kernel(first, step, points, order, axes, splits, out) -> None:
+    """The queries of blocks first, first + step, ... (``_common.parallel_for``): out [N, k]
+    the squared distances of each point's k nearest others, ascending."""
+    n, k = out.shape[0], out.shape[1]
+    best_d = np.empty(k, dtype=np.float64)
+    best_i = np.empty(k, dtype=np.int64)
+    for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
+        for q in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
+            _query(points, order, axes, splits, q, best_d, best_i)
+            out[q] = best_d
+
+
 def nearest_squared(points: np.ndarray, k: int) -> np.ndarray:
     """points [N, 3] float64, 1 <= k < N -> [N, k] the squared distances of each point's k
-    nearest others, ascending."""
-    n = points.shape[0]
+    nearest others, ascending; the tree built on one thread, the queries over the CPU
+    backend's threads (each query alone: the same result for any thread count)."""
+    points = np.ascontiguousarray(points, dtype=np.float64)
     order, axes, splits = build(points)
-    out = np.empty((n, k), dtype=np.float64)
-    for q in prange(n):
-        best_d = np.empty(k, dtype=np.float64)
-        best_i = np.empty(k, dtype=np.int64)
-        _query(points, order, axes, splits, q, best_d, best_i)
-        out[q] = best_d
+    out = np.empty((points.shape[0], k), dtype=np.float64)
+    parallel_for(query_kernel, (points.shape[0] + BLOCK - 1) // BLOCK, points, order, axes,
+                 splits, out)
     return out
