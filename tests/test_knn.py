@@ -58,3 +58,17 @@ def test_the_mean_distance_keeps_the_dtype_and_the_lone_point():
     assert torch.allclose(got, torch.tensor([12.5, 17.0, 20.5]).sqrt())
     assert knn_mean_distance(pts[:1]).tolist() == [0.0]
     assert knn_mean_distance(pts[:2], k=3).tolist() == [3.0, 3.0]  # k capped at N - 1
+
+
+def test_the_thread_count_changes_nothing():
+    import numba
+
+    pts = torch.rand(5_000, 3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    before = numba.get_num_threads()
+    try:
+        many = nearest_squared(pts.numpy(), 3)
+        numba.set_num_threads(1)
+        one = nearest_squared(pts.numpy(), 3)
+    finally:
+        numba.set_num_threads(before)
+    assert (many == one).all()
