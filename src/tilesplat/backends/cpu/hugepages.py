@@ -12,6 +12,7 @@ no value changes; where the kernel has no transparent huge pages, or on a system
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 import torch
@@ -20,21 +21,18 @@ MADV_HUGEPAGE = 14  # Linux, every architecture
 HUGE_PAGE = 1 << 21  # 2 MiB: x86-64 and arm64 with 4 KiB pages
 MIN_BYTES = 32 << 20  # glibc's largest mmap threshold: smaller buffers are reused from the heap
 
-_madvise: list = []  # [libc.madvise or None], resolved at the first large buffer
-
-
+@functools.cache
 def _libc_madvise():
-    if not _madvise:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).madvise
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _madvise.append(fn)
-    return _madvise[0]
+    """libc's ``madvise`` or None (not Linux), resolved at the first large buffer."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def advise_huge_pages(t: torch.Tensor) -> bool:

@@ -71,7 +71,7 @@ def build(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @njit(cache=True)
-def _insert(best_d: np.ndarray, best_i: np.ndarray, d: float, j: int) -> None:
+def _insert(best_d: np.ndarray, d: float) -> None:
     """Keeps best_d ascending: d enters where it belongs, the last one drops out."""
     k = best_d.shape[0]
     if d >= best_d[k - 1]:
@@ -79,18 +79,15 @@ def _insert(best_d: np.ndarray, best_i: np.ndarray, d: float, j: int) -> None:
     p = k - 1
     while p > 0 and best_d[p - 1] > d:
         best_d[p] = best_d[p - 1]
-        best_i[p] = best_i[p - 1]
         p -= 1
     best_d[p] = d
-    best_i[p] = j
 
 
 @njit(cache=True)
-def _query(points, order, axes, splits, q: int, best_d: np.ndarray, best_i: np.ndarray) -> None:
+def _query(points, order, axes, splits, q: int, best_d: np.ndarray) -> None:
     """The k = len(best_d) nearest others of point q into best_d (squared, ascending)."""
     n = points.shape[0]
     best_d[:] = np.inf
-    best_i[:] = -1
     qx, qy, qz = points[q, 0], points[q, 1], points[q, 2]
     stack = [(0, 0, n, 0.0)]  # node, lo, hi, a lower bound of its squared distance
     while len(stack) > 0:
@@ -104,7 +101,7 @@ def _query(points, order, axes, splits, q: int, best_d: np.ndarray, best_i: np.n
                     dx = points[j, 0] - qx
                     dy = points[j, 1] - qy
                     dz = points[j, 2] - qz
-                    _insert(best_d, best_i, dx * dx + dy * dy + dz * dz, j)
+                    _insert(best_d, dx * dx + dy * dy + dz * dz)
             continue
         mid = (lo + hi) // 2
         diff = points[q, axes[node]] - splits[node]
@@ -123,10 +120,9 @@ def query_kernel(first, step, points, order, axes, splits, out) -> None:
     the squared distances of each point's k nearest others, ascending."""
     n, k = out.shape[0], out.shape[1]
     best_d = np.empty(k, dtype=np.float64)
-    best_i = np.empty(k, dtype=np.int64)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for q in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            _query(points, order, axes, splits, q, best_d, best_i)
+            _query(points, order, axes, splits, q, best_d)
             out[q] = best_d
 
 
