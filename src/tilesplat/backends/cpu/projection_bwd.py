@@ -20,7 +20,7 @@ CHUNK = 1024  # Gaussians per work item (fixed: the v_viewmats sum order depends
 # kernels
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def backward_one(mx, my, mz, cov, r, t, k, width, height, eps2d, model, vu, vv, vd, va, vb, vc,
                  vcomp, calc_comp):
     """Gradients of one visible Gaussian in one camera, from scalars and tuples only.

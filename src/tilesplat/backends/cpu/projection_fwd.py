@@ -22,7 +22,7 @@ from ._common import BLOCK, sm
 # kernels
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def load_covar(covars, quats, scales, b, n):
     """The world covariance (symmetric 6-tuple) of Gaussian (b, n)."""
     if covars.shape[0] > 0:
@@ -57,7 +57,7 @@ def to_camera(r, t, mx, my, mz, cov):
     return mc, cc
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def project_one(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height, eps2d, near,
                 far, radius_clip, model):
     """One Gaussian in one camera, from scalars and tuples only.
