@@ -45,6 +45,22 @@ def backward_one(mx, my, mz, cov, r, t, k, width, height, eps2d, model, vu, vv, 
     return (gx, gy, gz), vr, vcov
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def write_zero_grads(covars, v_means, v_covars, v_quats, v_scales, b, n, zero):
+    """The gradients of Gaussian (b, n) where no camera sees it: +0 (the reference's; the
+    chain rule through its covariance would give the same values, some of them -0)."""
+    for e in range(3):
+        v_means[b, n, e] = zero
+    if covars.shape[0] > 0:
+        for e in range(6):
+            v_covars[b, n, e] = zero
+    else:
+        for e in range(4):
+            v_quats[b, n, e] = zero
+        for e in range(3):
+            v_scales[b, n, e] = zero
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def backward_kernel(
     first,
@@ -91,6 +107,12 @@ def backward_kernel(
         for n in range(n0, min(n_g, n0 + CHUNK)):
             mx, my, mz = means[b, n, 0], means[b, n, 1], means[b, n, 2]
             zero = like(mx, 0.0)
+            seen = False
+            for c in range(n_c):
+                seen = seen or (radii[b, c, n, 0] > 0 and radii[b, c, n, 1] > 0)
+            if not seen:  # culled in every camera (half the Gaussians of a real view)
+                write_zero_grads(covars, v_means, v_covars, v_quats, v_scales, b, n, zero)
+                continue
             cov = load_covar(covars, quats, scales, b, n)
             gm0 = zero
             gm1 = zero

@@ -45,16 +45,28 @@ def load_camera(viewmats, Ks, b, c):
 
 
 @njit(cache=True, error_model="numpy")
-def to_camera(r, t, mx, my, mz, cov):
-    """(mean_c 3-tuple, covar_c 6-tuple) in the camera of rotation r (9-tuple), t (3-tuple)."""
-    mc = (
+def camera_mean(r, t, mx, my, mz):
+    """The mean (3-tuple) in the camera of rotation r (9-tuple), t (3-tuple)."""
+    return (
         r[0] * mx + r[1] * my + r[2] * mz + t[0],
         r[3] * mx + r[4] * my + r[5] * mz + t[1],
         r[6] * mx + r[7] * my + r[8] * mz + t[2],
     )
+
+
+@njit(cache=True, error_model="numpy")
+def to_camera(r, t, mx, my, mz, cov):
+    """(mean_c 3-tuple, covar_c 6-tuple) in the camera of rotation r (9-tuple), t (3-tuple)."""
+    mc = camera_mean(r, t, mx, my, mz)
     cc = sm.transform_covar(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
                             cov[0], cov[1], cov[2], cov[3], cov[4], cov[5])
     return mc, cc
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def in_depth_range(depth, near, far):
+    """near < depth < far, compared in depth's dtype."""
+    return (depth > like(depth, near)) & (depth < like(depth, far))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -66,17 +78,16 @@ def project_one(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height, 
     and the compensation are 0 when not valid.
     """
     zero = like(mx, 0.0)
+    depth = camera_mean(r, t, mx, my, mz)[2]
+    if not in_depth_range(depth, near, far):
+        return False, zero, zero, zero, zero, depth, zero, zero, zero, zero
     mc, cc = to_camera(r, t, mx, my, mz, cov)
-    depth = mc[2]
-    in_depth = (depth > like(mx, near)) & (depth < like(mx, far))
-    if not in_depth:  # a harmless point: the values are discarded
-        mc = (like(mx, 1.0), like(mx, 1.0), like(mx, 1.0))
     u, v, j = sm.project(model, mc[0], mc[1], mc[2], k[0], k[1], k[2], k[3], width, height)
     c00, c01, c11 = sm.project_covar(j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2],
                                      cc[3], cc[4], cc[5])
     e00, e11, det_orig, det = sm.add_blur(c00, c01, c11, eps2d)
     det_raw = e00 * e11 - c01 * c01
-    valid = in_depth & (det_raw > zero)
+    valid = det_raw > zero
     comp = zero
     if valid:
         ratio = det_orig / det
@@ -139,7 +150,13 @@ def forward_kernel(
             b = i // n_g
             n = i - b * n_g
             mx, my, mz = means[b, n, 0], means[b, n, 1], means[b, n, 2]
-            cov = load_covar(covars, quats, scales, b, n)
+            zero = like(mx, 0.0)
+            cov = (zero, zero, zero, zero, zero, zero)  # unread where no camera has its depth
+            for c in range(n_c):
+                r, t, _ = load_camera(viewmats, Ks, b, c)
+                if in_depth_range(camera_mean(r, t, mx, my, mz)[2], near, far):
+                    cov = load_covar(covars, quats, scales, b, n)
+                    break
             op = opacities[b, n] if has_op else like(mx, 1.0)
             for c in range(n_c):
                 r, t, k = load_camera(viewmats, Ks, b, c)
