@@ -28,7 +28,7 @@ import torch
 from numba import njit
 
 from ..shared.typed import like
-from ._common import alloc, parallel_for, sm, view
+from ._common import alloc, parallel_for, prefetch, sm, view
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -103,6 +103,9 @@ def visible_rows(radii):
     return rows
 
 
+GATHER_AHEAD = 16  # Gaussians of depth order fetched ahead by gather_kernel
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, conics, opacities,
                   tight, tile_size, tile_width, tile_height, tile_bits, chunk, box, box_n, high,
@@ -114,8 +117,21 @@ def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, coni
     image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 6] (the data's type): its
     conic, opacity and mean (a, b, c, opacity, mx, my), where its box is not empty."""
     n = order.shape[0]
+    f_means = means2d.reshape(means2d.size)
+    f_radii = radii.reshape(radii.size)
+    f_conics = conics.reshape(conics.size)
     for ch in range(first, (n + chunk - 1) // chunk, step):
-        for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
+        end = min(n, (ch + 1) * chunk)
+        for i in range(ch * chunk, end):
+            if i + GATHER_AHEAD < end:  # depth order is random in memory: fetch ahead
+                h = order[i + GATHER_AHEAD]
+                prefetch(f_means, 2 * h)
+                prefetch(f_radii, 2 * h)
+                prefetch(image_of, h)
+                prefetch(depth_bits, h)
+                if tight:
+                    prefetch(f_conics, 3 * h)
+                    prefetch(opacities, h)
             g = order[i]
             high[i] = (np.int64(image_of[g]) << (32 + tile_bits)) | (
                 np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
