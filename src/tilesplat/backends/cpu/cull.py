@@ -1,11 +1,12 @@
-"""CPU kernels: per-Gaussian pixel bounds, so the rasterizer skips the rows of a tile that a
+"""CPU kernels: per-Gaussian pixel bounds, so the rasterizer skips the slices of a tile that a
 Gaussian's visible ellipse cannot reach.
 
 A tile's list holds every Gaussian whose ellipse meets the tile, but most rows of that tile are
 out of a small Gaussian's reach: every pair there fails the ``alpha >= ALPHA_SKIP`` test.
 :func:`gather_tile` turns each Gaussian's bounds into the range of the tile's rows it can
-reach, and the forward evaluates a Gaussian only on those rows of each slice of the tile
-(``rasterize_fwd``), skipping the slices it cannot reach with two comparisons. Skipping
+reach, and the forward skips the Gaussian in every slice of the tile whose rows that range
+misses (``rasterize_fwd``; it evaluates the slices it reaches whole: loops of one length for
+every Gaussian vectorise with less overhead than the 10 % of pairs it would save). Skipping
 changes no result: the skipped pairs are exactly pairs that would not contribute.
 
 The bounds are conservative by construction. alpha = min(ALPHA_CLAMP, op * exp(-sigma)) >=
