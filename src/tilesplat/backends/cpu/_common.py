@@ -23,17 +23,15 @@ from .. import shared
 from .hugepages import advise_huge_pages
 
 # Numba-IR inlining: the per-pair functions of the rasterizer's vectorised loops, and the
-# per-Gaussian math of the projection and SH kernels. LLVM left the larger of those as calls
+# per-Gaussian functions of the projection and SH kernels that LLVM left as calls
 # (many-argument calls through Numba's exception protocol, per Gaussian): inlined, the
 # projection's forward and backward at 1 M Gaussians take ~20 % and ~30 % less CPU time, the
 # SH backward ~10 % less (docs/benchmarks.md). The rest are ordinary calls (LLVM may still
 # inline them), which keeps compilation short.
 INLINED = (
     "exp_neg", "gaussian_sigma",
-    "project", "project_vjp", "project_covar", "project_covar_vjp", "add_blur",
-    "conic_from_covar2d", "conic_vjp", "quat_to_rotmat", "rotmat_vjp", "_rs_gram",
-    "_rs_gram_vjp", "quat_scale_to_covar", "quat_scale_to_covar_vjp", "transform_covar",
-    "transform_covar_vjp", "normalize3_vjp", "normalize4_vjp", "sh_basis", "sh_basis_vjp",
+    "project", "project_vjp", "transform_covar_vjp", "quat_scale_to_covar_vjp", "_rs_gram_vjp",
+    "sh_basis", "sh_basis_vjp",
 )
 
 
