@@ -78,10 +78,12 @@ def project_one(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height, 
     and the compensation are 0 when not valid.
     """
     zero = like(mx, 0.0)
-    depth = camera_mean(r, t, mx, my, mz)[2]
+    mc = camera_mean(r, t, mx, my, mz)
+    depth = mc[2]
     if not in_depth_range(depth, near, far):
         return False, zero, zero, zero, zero, depth, zero, zero, zero, zero
-    mc, cc = to_camera(r, t, mx, my, mz, cov)
+    cc = sm.transform_covar(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
+                            cov[0], cov[1], cov[2], cov[3], cov[4], cov[5])
     u, v, j = sm.project(model, mc[0], mc[1], mc[2], k[0], k[1], k[2], k[3], width, height)
     c00, c01, c11 = sm.project_covar(j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2],
                                      cc[3], cc[4], cc[5])
