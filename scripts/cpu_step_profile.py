@@ -10,14 +10,18 @@ image, saves them, then runs ``--rounds`` rounds; in each, a child per (checkout
 turn (so a slow phase of a shared machine hits every arm alike) times ``--steps`` steps of
 the trainer's own ``optimization_step`` (L1 + 0.2 SSIM, fused Adam, SH degree 3, packed =
 False, the NaN/Inf checks recorded into a flag as the trainer's runner has them) after one
-untimed step. A child times every cpu-backend op it calls (forward and
-backward launchers, wrapped in the registry) and the step's parts; ``python`` is the step's
-time outside the ops and Adam (autograd, PyTorch's glue ops, the loss's L1). Reports per
-stage the min over steps and rounds and the median, and the step's ratio between checkouts.
+untimed step, on the Gaussians in the order that checkout's trainer keeps them (``--orders
+trainer``: sorted in space where it has ``spatial_order``) or in the scene's own order
+(``scene``; ``--orders trainer scene`` times both, as arms of each checkout). A child times
+every cpu-backend op it calls (forward and backward launchers, wrapped in the registry) and
+the step's parts; ``python`` is the step's time outside the ops and Adam (autograd,
+PyTorch's glue ops, the loss's L1). Reports per stage the min over steps and rounds and the
+median, and the step's ratio between the two arms.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -42,7 +46,7 @@ ORDER = ("projection", "sh", "intersection", "raster_fwd", "ssim", "ssim_bwd", "
          "sh_bwd", "projection_bwd", "adam", "python", "step")
 
 
-def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict:
+def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: str) -> dict:
     import torch
 
     if threads:
@@ -87,8 +91,15 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None) -> dict
     d = torch.load(scene_path)
     cfg = TrainConfig(backend="cpu", backward_scheme=scheme, sh_degree=3, sh_degree_interval=1,
                       packed=False, ssim_lambda=0.2)
-    params = make_params({k: d[k] for k in ("means", "quats", "scales", "opacities", "sh0",
-                                            "shN")})
+    start = {k: d[k] for k in ("means", "quats", "scales", "opacities", "sh0", "shN")}
+    if order == "trainer":  # the rows in the order this checkout's trainer keeps them
+        try:
+            from tilesplat.train.features.spatial_order import sorted_start
+        except ImportError:  # a trainer that keeps the model's own order
+            sorted_start = None
+        if sorted_start is not None and cfg.spatial_order:
+            start = sorted_start(start)
+    params = make_params(start)
     optimizers = make_optimizers(params, cfg, 1.0)
     plan = StepPlan(cfg, model_kind(cfg), 1.0)
     batch = Batch(d["viewmats"], d["Ks"], d["width"], d["height"],
@@ -148,21 +159,28 @@ def main(argv: list[str] | None = None) -> int:
     p = arm_parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--orders", nargs="+", choices=("trainer", "scene"), default=["trainer"],
+                   help="the Gaussians in the order each checkout's trainer keeps them "
+                   "(spatial_order) or in the scene's own order; each is an arm of each --src")
+    p.add_argument("--order", default="trainer", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.scheme, args.steps, args.threads)))
+        print(json.dumps(child(args.child, args.scheme, args.steps, args.threads,
+                               args.order)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         scene_path = os.path.join(tmp, "scene.pt")
         info = make_scene(args.gaussians, args.resolution, scene_path)
         print(f"scene {info}", flush=True)
         rows: dict[tuple[str, str], list[dict]] = {}
+        arms = [(src, order) for src in args.src for order in args.orders]
         for r in range(args.rounds):
             for scheme in args.schemes:
-                for src in args.src:
+                for src, order in arms:
                     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", scene_path,
-                           "--scheme", scheme, "--steps", str(args.steps)]
+                           "--scheme", scheme, "--steps", str(args.steps), "--order", order]
+                    arm = src if len(args.orders) == 1 else f"{src}@{order}"
                     if args.threads:
                         cmd += ["--threads", str(args.threads)]
                     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -170,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(res.stderr, file=sys.stderr)
                         return 1
                     got = json.loads(res.stdout.strip().splitlines()[-1])["steps"]
-                    rows.setdefault((src, scheme), []).extend(got)
-                    print(f"round {r} {scheme} {src}: step "
+                    rows.setdefault((arm, scheme), []).extend(got)
+                    print(f"round {r} {scheme} {arm}: step "
                           f"{[round(s['step']) for s in got]} ms", flush=True)
     table = {}
     keys = [*ORDER, *(f"cpu:{k}" for k in ORDER)]
@@ -186,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         for k in ORDER:
             print(f"| {k} | " + " | ".join(f"{v[pre + k]['min']:.0f} / {v[pre + k]['median']:.0f}"
                                             for v in table.values()) + " |")
-    if len(args.src) == 2:
+    names = list(dict.fromkeys(arm for arm, _ in rows))
+    if len(names) == 2:
         for scheme in args.schemes:
             for pre in ("", "cpu:"):
-                a, b = (table[f"{s}|{scheme}"][f"{pre}step"] for s in args.src)
-                print(f"{scheme} {pre or 'wall:'} step {args.src[0]} / {args.src[1]}: "
+                a, b = (table[f"{s}|{scheme}"][f"{pre}step"] for s in names)
+                print(f"{scheme} {pre or 'wall:'} step {names[0]} / {names[1]}: "
                       f"min {a['min'] / b['min']:.2f}x, median {a['median'] / b['median']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:

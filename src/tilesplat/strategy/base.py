@@ -93,6 +93,12 @@ class Strategy:
         whose render may have to be redone (``train/step/capacity.py``) before such a call."""
         return True
 
+    def row_state(self, state: dict[str, Any]) -> list[str]:
+        """The keys of ``state`` that hold one row per Gaussian, which an edit of the rows
+        (the trainer's spatial sort, ``strategy.ops.reorder``) permutes with them: every
+        tensor of at least one dimension, unless the strategy knows better."""
+        return [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() >= 1]
+
 
     # the keyword arguments of step_post_backward among the step's "packed" (how the meta was
     # rendered) and "lr" (the means' learning rate), as gsplat's simple_trainer passes them

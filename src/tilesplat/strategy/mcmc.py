@@ -71,6 +71,10 @@ class MCMCStrategy(Strategy):
                 binoms[n, k] = math.comb(n, k)
         return {"binoms": binoms, "scene_scale": float(scene_scale)}
 
+    def row_state(self, state: dict[str, Any]) -> list[str]:
+        """None of MCMC's state is per Gaussian (``binoms`` is a constant table)."""
+        return []
+
     def check_sanity(self, params: Params, optimizers: Optimizers) -> None:
         """The base checks, and that ``means``, ``scales``, ``quats``, ``opacities`` exist."""
         super().check_sanity(params, optimizers)

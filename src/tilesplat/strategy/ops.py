@@ -134,6 +134,25 @@ def remove(params: Params, optimizers: Optimizers, state: dict, mask: Tensor) ->
 
 
 @torch.no_grad()
+def reorder(params: Params, optimizers: Optimizers, state: dict, order: Tensor,
+            rows: list[str]) -> None:
+    """Permute the Gaussians in place: row i becomes row ``order[i]`` [N] (a permutation of
+    0..N-1), in the parameters (and any gradient), their Adam moments and the strategy's
+    per-Gaussian ``state`` entries named in ``rows`` (``Strategy.row_state``). The
+    parameters and moments stay the same tensors, so one temporary copy is alive at a time."""
+    for name, p in params.items():
+        p.copy_(p[order])
+        if p.grad is not None:
+            p.grad = p.grad[order]
+        opt = optimizers.get(name)
+        for v in (opt.state.get(p, {}) if opt is not None else {}).values():
+            if torch.is_tensor(v) and v.dim() > 0:  # not the shared step counter
+                v.copy_(v[order])
+    for key in rows:
+        state[key] = state[key][order]
+
+
+@torch.no_grad()
 def reset_opacity(params: Params, optimizers: Optimizers, value: float) -> None:
     """Clamp every opacity to at most ``value`` (post-sigmoid) and zero its Adam moments."""
     logit = math.log(value / (1.0 - value))

@@ -14,4 +14,5 @@ from . import (  # noqa: F401  (each registers itself)
     pose_align,
     pose_opt,
     resolution,
+    spatial_order,
 )

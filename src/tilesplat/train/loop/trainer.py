@@ -33,6 +33,7 @@ from ..features.averaging import param_average
 from ..features.base import build_features, features_state, load_features_state, trained_dataset
 from ..features.early_stop import should_stop
 from ..features.resolution import CoarseFrames, downscale_factor
+from ..features.spatial_order import sorted_start, spatial_order
 from ..models import model_kind
 from ..models.init import initial_gaussians
 from ..models.splats import make_optimizers, make_params, restore_model
@@ -121,6 +122,8 @@ class Trainer:
             torch.manual_seed(cfg.seed)  # on the CPU and every GPU
             # drawn on the CPU, so that every device starts from the same Gaussians
             start = self.model.init(initial_gaussians(cfg, dataset, log=self.log))
+            if cfg.spatial_order:  # the whole model, before a model-parallel job splits it
+                start = sorted_start(start)
             params = make_params(start, device=self.device)
             self.state = ModelState(params, make_optimizers(params, cfg, self.scene_scale),
                                     to_device(strategy.initialize_state(
@@ -143,7 +146,8 @@ class Trainer:
         if capacity_applies(cfg, self.device, len(self.features)):
             capacity = StepCapacity(self.count_views, cfg.batch_size, self.device)
         self.steps = StepRunner(self.state, self.plan, self.strategy, self.average,
-                                self.device, capacity)
+                                self.device, capacity,
+                                spatial_order(cfg, self.params, self.strategy))
         if cfg.cuda_graph and runs_cuda_kernels(cfg, self.device):
             why_not = graph_unavailable(self.device, capacity is not None,
                                         lens=cfg.camera_mode == "native")

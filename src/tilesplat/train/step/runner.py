@@ -6,8 +6,8 @@ promise of issue 21's sync-free step:
 
 - each step is *queued* (render, loss, backward, Adam: an :class:`Attempt`), eagerly or as a
   replay of its CUDA graph (``cuda_graph.py``), then *finished* (the strategy's
-  ``step_post_backward``, the parallel mode's ``after_step``, the averaged model) and its
-  flag's host copy started;
+  ``step_post_backward``, the parallel mode's ``after_step``, the spatial sort, the averaged
+  model) and its flag's host copy started;
 - the flag of a step is read when the next step has been queued: a NaN or Inf raises, naming
   the step (its update was skipped on the device); an overflow of the intersection capacity
   (``capacity.py``) grows it and redoes the skipped steps, in order, with their batches;
@@ -30,6 +30,7 @@ from ...ops.intersect_capacity import OVERFLOW, intersection_capacity
 from ...strategy import Strategy
 from ..features.averaging import ParamAverage
 from ..features.resolution import downscale_factor
+from ..features.spatial_order import SpatialOrder
 from ..models.base import sh_degree_at
 from ..models.splats import Optimizers, Params, means_rate, set_learning_rates
 from .batch import Batch
@@ -78,13 +79,17 @@ class StepRunner:
         device: where the model lives.
         capacity: the capacity of the intersection lists (capacity mode, ``capacity.py``),
             or None (exact sizes).
+        order: sorts the Gaussians in space again after the strategy's edits
+            (``spatial_order``), or None.
     """
 
     def __init__(self, model: ModelState, plan: StepPlan, strategy: Strategy,
                  average: ParamAverage | None, device: torch.device,
-                 capacity: StepCapacity | None = None) -> None:
+                 capacity: StepCapacity | None = None,
+                 order: SpatialOrder | None = None) -> None:
         self.model, self.plan, self.strategy = model, plan, strategy
         self.average, self.device, self.capacity = average, device, capacity
+        self.order = order
         self.graph: StepGraph | None = None  # the step as one CUDA graph (use_graph)
         self._unchecked: Attempt | None = None  # the last step whose flag is not read yet
 
@@ -178,6 +183,8 @@ class StepRunner:
                                     info, packed=plan.cfg.packed,
                                     lr=means_rate(plan.cfg, plan.scene_scale, step))
         plan.parallel.after_step(model.params, model.optimizers, model.strategy_state, step)
+        if self.order is not None:  # the rows the edits appended, sorted into place
+            self.order.after_edits(model.params, model.optimizers, model.strategy_state)
         if self.average is not None:  # after the strategy's edits, which restart it
             # where a step can be skipped on the device and redone (an overflow of the
             # capacity), the skipped one leaves the average as it is
