@@ -12,11 +12,11 @@ the trainer's own ``optimization_step`` (L1 + 0.2 SSIM, fused Adam, SH degree 3,
 False, the NaN/Inf checks recorded into a flag as the trainer's runner has them) after one
 untimed step, on the Gaussians in the order that checkout's trainer keeps them (``--orders
 trainer``: sorted in space where it has ``spatial_order``) or in the scene's own order
-(``scene``; ``--orders trainer scene`` times both, as arms of each checkout). A child times
-every cpu-backend op it calls (forward and backward launchers, wrapped in the registry) and
-the step's parts; ``python`` is the step's time outside the ops and Adam (autograd,
-PyTorch's glue ops, the loss's L1). Reports per stage the min over steps and rounds and the
-median, and the step's ratio between the two arms.
+(``scene``) or shuffled (``random``, seed 0); ``--orders trainer scene random`` times each,
+as arms of each checkout. A child times every cpu-backend op it calls (forward and backward
+launchers, wrapped in the registry) and the step's parts; ``python`` is the step's time
+outside the ops and Adam (autograd, PyTorch's glue ops, the loss's L1). Reports per stage the
+min over steps and rounds and the median, and the step's ratio when there are two arms.
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: 
     cfg = TrainConfig(backend="cpu", backward_scheme=scheme, sh_degree=3, sh_degree_interval=1,
                       packed=False, ssim_lambda=0.2)
     start = {k: d[k] for k in ("means", "quats", "scales", "opacities", "sh0", "shN")}
-    if order == "trainer":  # the rows in the order this checkout's trainer keeps them
+    if order == "random":  # the rows shuffled, as densification leaves a trained model's
+        perm = torch.randperm(len(start["means"]), generator=torch.Generator().manual_seed(0))
+        start = {k: v[perm] for k, v in start.items()}
+    elif order == "trainer":  # the rows in the order this checkout's trainer keeps them
         try:
             from tilesplat.train.features.spatial_order import sorted_start
         except ImportError:  # a trainer that keeps the model's own order
@@ -159,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p = arm_parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--orders", nargs="+", choices=("trainer", "scene"), default=["trainer"],
+    p.add_argument("--orders", nargs="+", choices=("trainer", "scene", "random"),
+                   default=["trainer"],
                    help="the Gaussians in the order each checkout's trainer keeps them "
-                   "(spatial_order) or in the scene's own order; each is an arm of each --src")
+                   "(spatial_order), in the scene's own order, or shuffled; each is an arm of "
+                   "each --src")
     p.add_argument("--order", default="trainer", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

@@ -67,8 +67,8 @@ def morton_codes(means: Tensor) -> Tensor:
     ones at its low corner)."""
     x = torch.nan_to_num(means.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
     sample = x[:: max(1, len(x) // BOX_SAMPLES)]
-    q = torch.tensor(BOX_QUANTILES, dtype=x.dtype, device=x.device)
-    lo, hi = torch.quantile(sample, q, dim=0)
+    # float quantiles: a tensor of them would be range-checked by a read of the device
+    lo, hi = (torch.quantile(sample, q, dim=0) for q in BOX_QUANTILES)
     extent = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
     top = (1 << BITS) - 1
     grid = ((x - lo) / extent).clamp(0.0, 1.0).mul(top).to(torch.int64)
