@@ -5,9 +5,10 @@ outputs, the colours and the bounds of every Gaussian the tile sees, in depth or
 near each other on the screen are near each other in space, so when the model's rows follow a
 space-filling curve a tile's reads fall on few cache lines; in the order that densification
 leaves (clones and splits appended at the end, a point cloud's own order before that) they fall
-on a line each. At 1 M Gaussians and 1,297 x 840 the CPU rasterizer's forward and backward
-take 10-12 % less time in Morton order than in the scaled garden's order, and 15-23 % less
-than in a random one (docs/benchmarks.md, "The Gaussians in space order").
+on a line each. At 1 M Gaussians and 1,297 x 840 the CPU training step takes 0.92x the time
+in Morton order that it takes in the scaled garden's own order, and 0.86x that of a shuffled
+model (the rasterizer's backward 0.88x and 0.84x; docs/benchmarks.md, "The Gaussians in space
+order").
 
 With ``spatial_order = true`` (the default) the trainer sorts its initial Gaussians by the
 Morton code of their centres, and sorts them again after every step in which the strategy
