@@ -85,9 +85,13 @@ def morton_order(means: Tensor) -> Tensor:
 
 
 def sorted_start(params: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The initial parameters (each [N, ...], ``means`` [N, 3]) in :func:`morton_order`."""
+    """The initial parameters (each [N, ...], ``means`` [N, 3]) put in :func:`morton_order`
+    in the dict itself, one tensor at a time (a model read from a file of millions of
+    Gaussians is not held twice); returns the dict."""
     order = morton_order(params["means"])
-    return {k: v[order] for k, v in params.items()}
+    for k in list(params):
+        params[k] = params[k][order]
+    return params
 
 
 class SpatialOrder:
