@@ -9,7 +9,6 @@ step, and the training log, so that ``--resume`` continues bit for bit on CPU.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import re
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 from torch import Tensor
 
 # One atomic writer for every file a run writes (mode from the umask): io/atomic.py.
-from ...io.atomic import atomic_write_bytes
+from ...io.atomic import atomic_write_bytes, atomic_writer  # noqa: F401 (the first re-exported)
 from .. import seams
 from ..config import TrainConfig, config_from_dict
 from ..features.averaging import served_params
@@ -34,10 +33,15 @@ _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Serialise ``state`` with ``torch.save`` and write it atomically to ``path``."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return atomic_write_bytes(Path(path), buf.getvalue())
+    """Serialise ``state`` with ``torch.save`` straight into a temporary file that replaces
+    ``path`` when it is whole (the folder is made). Nothing is held in memory on the way:
+    serialising to bytes first held the checkpoint twice more (6.3 GB for a 3 M-Gaussian
+    model's parameters and Adam moments)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path) as f:
+        torch.save(state, f)
+    return path
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
