@@ -7,10 +7,10 @@ import torch
 
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
+from tilesplat.io.atomic import atomic_write_bytes
 from tilesplat.train.config import TrainConfig
 from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.rundir.checkpoint import (
-    atomic_write_bytes,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
