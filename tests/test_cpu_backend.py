@@ -158,11 +158,50 @@ def _exp_neg_by_bit_tests(s):
     r = nf * sm.like(s, sm._LN2_HI) - s + nf * sm.like(s, sm._LN2_LO)
     p = sm.like(s, 1.0 / 5040.0)
     for c in (1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
-        p = p * r + sm.like(s, c)
+        p = sm.fma(p, r, sm.like(s, c))
     for bit, scale in ((1, 0.5), (2, 0.25), (4, 0.0625), (8, 0.00390625),
                        (16, 1.52587890625e-05), (32, 2.3283064365386963e-10)):
         p = p * (sm.like(s, scale) if n & bit else sm.like(s, 1.0))
     return p
+
+
+def _nearest(exact, dtype):
+    """The value of ``dtype`` nearest the Fraction ``exact`` (ties to even)."""
+    from fractions import Fraction
+
+    guess = dtype(float(exact))  # within one unit of the last place of the answer
+    near = [np.nextafter(guess, dtype(-np.inf)), guess, np.nextafter(guess, dtype(np.inf))]
+    dist = [abs(Fraction(float(v)) - exact) for v in near]
+    best = min(dist)
+    ties = [v for v, d in zip(near, dist, strict=True) if d == best]
+    return ties[0] if len(ties) == 1 else next(v for v in ties if int(v.view(
+        np.uint32 if dtype is np.float32 else np.uint64)) % 2 == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fma_rounds_once(dtype):
+    """``fma`` compiled is a * b + c rounded once (not the product first), in the operands'
+    type; its plain-Python meaning is the exact value as a Python float."""
+    from fractions import Fraction
+
+    from numba import njit
+
+    from tilesplat.backends.scalar_types import fma as plain_fma
+
+    fused = njit(lambda a, b, c: scalar_math.fma(a, b, c))
+    rng = np.random.default_rng(1)
+    a, b, c = (rng.standard_normal(3000).astype(dtype) for _ in range(3))
+    c[:1000] = -(a[:1000] * b[:1000])  # the product's rounding error is all that is left
+    split = 0
+    for x, y, z in zip(a, b, c, strict=True):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        got = fused(x, y, z)
+        assert dtype(got) == _nearest(exact, dtype), (x, y, z)
+        assert plain_fma(x, y, z) == _nearest(exact, np.float64)
+        split += dtype(got) != dtype(x) * dtype(y) + dtype(z)
+    assert split > 500  # the cases above do tell a fused result from a split one
+    assert plain_fma(2.0, 3.0, -6.0) == 0.0 and np.isnan(plain_fma(np.inf, 0.0, 1.0))
+    assert plain_fma(1e308, 10.0, 0.0) == np.inf
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

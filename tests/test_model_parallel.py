@@ -234,7 +234,12 @@ SCENE_SETS = ["--set", "steps=300", "--set", "batch_size=2", "--set", "synthetic
 
 def test_model_parallel_trains_the_builtin_scene_as_one_process(tmp_path):
     """``torchrun`` with parallel = "model" against one process on the same config: test
-    PSNR within 0.5 dB, one run folder, and a 2-rank ``--nproc`` resume of it."""
+    PSNR within 1.5 dB, one run folder, and a 2-rank ``--nproc`` resume of it.
+
+    The two runs sum in other orders, and 300 steps with densification at 48 pixels carry a
+    rounding far: over seeds 0-3 the one-process run minus the two-rank one was +0.21,
+    +1.02, -0.84, -0.06 dB (2026-12-04; +0.72, +0.36, -0.34, -0.51 with the rasterizer's exp
+    in fused multiply-adds)."""
     cache = ["--set", f"cache_dir={tmp_path / 'cache'}"]
     one, two = tmp_path / "one", tmp_path / "two"
     code, out = _run_cli([sys.executable, "-m", "tilesplat.cli", "train", *SCENE_SETS, *cache,
@@ -249,7 +254,7 @@ def test_model_parallel_trains_the_builtin_scene_as_one_process(tmp_path):
     assert out.count("PSNR") == 1, out[-3000:]  # rank 0 alone reports
     m1 = json.loads((one / "metrics.json").read_text())
     m2 = json.loads((two / "metrics.json").read_text())
-    assert abs(m1["psnr"] - m2["psnr"]) < 0.5, (m1["psnr"], m2["psnr"])
+    assert abs(m1["psnr"] - m2["psnr"]) < 1.5, (m1["psnr"], m2["psnr"])
     assert m2["psnr"] > 20.0 and (two / "point_cloud.ply").is_file()
     assert m2["n_gaussians"] != 2000, "the run should densify"
     assert 'parallel = "model"' in (two / "config.toml").read_text()

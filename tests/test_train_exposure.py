@@ -2,10 +2,12 @@
 on photos of x0.6-1.5 gain and +-0.05 offsets, with ``post_processing`` the colour-corrected
 test PSNR is at least 1.5 dB (bilateral_grid) or 1 dB (affine) above that of no compensation
 (the issue's margins), at the defaults (the rate and warm-up scaled to the 600 steps, the
-grid 1x1x4 from the 64-pixel images): measured 22.53 dB without, +2.57 dB with the grid,
-+2.18 dB with affine on an AVX-512 host; over seeds 0-7 the grid gained +1.71 to +3.24 dB
-(docs/training.md). A 2x2x4 grid gained +0.82 to +2.50 over seeds 0-3: the margin failed on
-one CPU where another's rounding passed it."""
+grid 1x1x4 from the 64-pixel images), in the mean over seeds 0-2: one seed's gain is not a
+measure of it. On an AVX-512 host (2026-12-04) the grid gained +2.18, +1.47, +2.37, +1.61 dB
+over seeds 0-3, affine +3.06, +2.26, +1.73, +1.99; after the rasterizer's exp took fused
+multiply-adds (every render a rounding away) +1.25, +2.16, +2.19, +2.20 and +1.56, +2.39,
++0.73, +2.00: a single seed failed the margin before and after (docs/training.md). A 2x2x4
+grid gained +0.82 to +2.50 over seeds 0-3."""
 
 from __future__ import annotations
 
@@ -51,11 +53,15 @@ def test_the_training_photos_are_exposed_and_the_test_views_are_not(scene):
     assert write_exposure_dataset(scene, n_train=24, n_test=4, size=64) == scene  # reused
 
 
-def _train(scene, tmp_path, mode: str) -> dict:
+SEEDS = (0, 1, 2)
+
+
+def _train(scene, tmp_path, mode: str, seed: int = 0) -> dict:
     cfg = TrainConfig(
         # the random box the test was tuned with (auto reaches it too, after a frustum search
         # of 20,000 points whose depths are rarely distinct on this plain background)
-        data=str(scene), run_dir=str(tmp_path / mode), steps=600, init="random", init_points=2000,
+        data=str(scene), run_dir=str(tmp_path / f"{mode}{seed}"), seed=seed, steps=600,
+        init="random", init_points=2000,
         sh_degree=1, sh_degree_interval=100, refine_start=100, refine_every=50,
         refine_stop=300, reset_every=100_000, checkpoint_every=0, log_every=100,
         progress=False, lpips=False, save_renders=False, save_ply=False, backend="cpu",
@@ -72,10 +78,8 @@ def _train(scene, tmp_path, mode: str) -> dict:
 
 
 def test_compensation_raises_the_colour_corrected_test_psnr(scene, tmp_path):
-    plain = _train(scene, tmp_path, "none")
-    grid = _train(scene, tmp_path, "bilateral_grid")
-    affine = _train(scene, tmp_path, "affine")
-    numbers = {k: (m["psnr"], m["cc_psnr"]) for k, m in
-               (("none", plain), ("bilateral_grid", grid), ("affine", affine))}
-    assert grid["cc_psnr"] >= plain["cc_psnr"] + BILATERAL_MARGIN_DB, numbers
-    assert affine["cc_psnr"] >= plain["cc_psnr"] + AFFINE_MARGIN_DB, numbers
+    cc = {mode: [_train(scene, tmp_path, mode, seed)["cc_psnr"] for seed in SEEDS]
+          for mode in ("none", "bilateral_grid", "affine")}
+    mean = {mode: float(np.mean(v)) for mode, v in cc.items()}
+    assert mean["bilateral_grid"] >= mean["none"] + BILATERAL_MARGIN_DB, cc
+    assert mean["affine"] >= mean["none"] + AFFINE_MARGIN_DB, cc

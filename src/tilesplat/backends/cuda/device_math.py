@@ -1,11 +1,12 @@
 """The shared scalar math (``backends/shared/``) compiled for the CUDA target.
 
-``shared.typed`` casts its constants with ``like(x, c)`` and ``as_int32(x)``, two functions
-given to Numba through ``numba.extending.overload``. numba-cuda types an overload by
-compiling its implementation as a device function for the *current device*, which fails on
-a machine without a GPU (``compile_ptx`` for sm_80/sm_90 in CI). So the CUDA copies of the
-scalar functions see two numba-cuda intrinsics instead: they are typed without compiling
-anything and lower to one cast. Everything else is ``shared`` itself.
+``shared.typed`` casts its constants with ``like(x, c)`` and ``as_int32(x)``, and fuses
+multiply-adds with ``fma``: functions given to Numba through ``numba.extending.overload``.
+numba-cuda types an overload by compiling its implementation as a device function for the
+*current device*, which fails on a machine without a GPU (``compile_ptx`` for sm_80/sm_90 in
+CI). So the CUDA copies of the scalar functions see numba-cuda intrinsics instead: they are
+typed without compiling anything and lower to one cast (``fma``: one fused multiply-add).
+Everything else is ``shared`` itself.
 
 Under the simulator (``NUMBA_ENABLE_CUDASIM=1``) the plain Python functions run as they are.
 """
@@ -39,7 +40,14 @@ if not SIMULATOR:
 
         return nbtypes.int32(x), codegen
 
-    _OVERRIDES: dict[str, Any] = {"like": _like, "as_int32": _as_int32}
+    @intrinsic
+    def _fma(typingctx, a, b, c):  # noqa: ARG001
+        def codegen(context, builder, signature, args):
+            return builder.fma(*args)
+
+        return a(a, b, c), codegen
+
+    _OVERRIDES: dict[str, Any] = {"like": _like, "as_int32": _as_int32, "fma": _fma}
 else:
     _OVERRIDES = {}
 

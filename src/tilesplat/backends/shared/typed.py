@@ -1,5 +1,5 @@
 """Typed scalar intrinsics of the shared math: constants in the float type of a value, 32-bit
-integer conversion, and exact powers of two.
+integer conversion, exact powers of two, and the fused multiply-add.
 
 Numba types a Python float literal as float64 and promotes what it touches, so a float32
 kernel would silently compute in float64: every constant of the shared math goes through
@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba.core import types as nb_types
 from numba.extending import intrinsic, overload
 
-from ..scalar_types import as_int32, like, pow2_neg
+from ..scalar_types import as_int32, fma, like, pow2_neg
 
 # The helpers below are called by the compiled functions; none is compiled by ``build``.
 FUNCTIONS: tuple[str, ...] = ()
@@ -67,3 +67,22 @@ def _pow2_neg_overload(x, n):
     return impl
 
 
+
+
+@intrinsic
+def _fma_ir(typingctx, a, b, c):
+    if not (isinstance(a, nb_types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)  # llvm.fma: rounded once, never split by a target
+
+    return a(a, b, c), codegen
+
+
+@overload(fma, inline="always")
+def _fma_overload(a, b, c):
+    def impl(a, b, c):  # pragma: no cover - compiled
+        return _fma_ir(a, b, c)
+
+    return impl
