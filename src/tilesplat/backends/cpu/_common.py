@@ -20,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import shared
+from . import buffer_pool
 from .hugepages import advise_huge_pages
 
 # Numba-IR inlining: the per-pair functions of the rasterizer's vectorised loops, and the
@@ -100,9 +101,12 @@ def poison_enabled() -> bool:
 
 def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An output buffer on the CPU, NaN-/sentinel-filled in poison mode; a large one is
-    backed by huge pages (:mod:`.hugepages`)."""
-    out = torch.empty(shape, dtype=dtype)
-    advise_huge_pages(out)
+    reused from :mod:`.buffer_pool` when it has one free, and backed by huge pages
+    (:mod:`.hugepages`)."""
+    out = buffer_pool.take(shape, dtype)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype)
+        advise_huge_pages(out)
     if poison_enabled():
         out.fill_(float("nan") if dtype.is_floating_point else POISON_INT)
     return out

@@ -126,7 +126,7 @@ def backward(
     dt = means2d.dtype
     np_dt = view(means2d).dtype
     first, order = isects_by_gaussian(view(flatten_ids), n_gauss)
-    part = np.empty((n, N_FIXED + n_ch), np_dt)
+    part = view(alloc((n, N_FIXED + n_ch), dt))  # large: pooled (``buffer_pool``)
     bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
     bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
     mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
