@@ -5,6 +5,7 @@ size, the rounds, the JSON report, and the hidden ones a child process is starte
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def arm_parser(description: str, rounds: int) -> argparse.ArgumentParser:
@@ -20,3 +21,14 @@ def arm_parser(description: str, rounds: int) -> argparse.ArgumentParser:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--scheme", default=None, help=argparse.SUPPRESS)
     return p
+
+
+# The environment this script started with: a checkout's tilesplat sets NUMBA_CPU_FEATURES when
+# the parent loads it (backends/vector_width.py), and each arm's child must start as a user's
+# process of that checkout would, not with the parent's choice.
+_START_ENV = dict(os.environ)
+
+
+def child_env(src: str) -> dict[str, str]:
+    """The environment of an arm's child: the script's starting one, ``src`` on PYTHONPATH."""
+    return dict(_START_ENV, PYTHONPATH=os.path.abspath(src))

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from arm_args import arm_parser
+from arm_args import arm_parser, child_env
 
 # registry op -> stage name (forward, backward)
 OPS = {
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for scheme in args.schemes:
                 for src, order in arms:
-                    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+                    env = child_env(src)
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", scene_path,
                            "--scheme", scheme, "--steps", str(args.steps), "--order", order]
                     arm = src if len(args.orders) == 1 else f"{src}@{order}"

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 import numpy as np
-from arm_args import arm_parser
+from arm_args import arm_parser, child_env
 
 OUTS = ("render_colors", "render_alphas", "v_means2d", "v_conics", "v_colors", "v_opacities")
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             for scheme in args.schemes:
                 for i, src in enumerate(args.src):
                     out = os.path.join(tmp, f"{i}-{scheme}.npz")
-                    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+                    env = child_env(src)
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", path,
                            "--scheme", scheme, "--iters", str(args.iters), "--out", out]
                     res = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -21,9 +21,11 @@ from numba import njit, prange
 
 from ..backends import shared
 from ..backends.kernel_cache import install as _install_kernel_cache
+from ..backends.vector_width import prefer_wide_vectors
 from ..constants import ALPHA_CLAMP, ALPHA_SKIP, TRANSMITTANCE_STOP
 
 _install_kernel_cache()  # before the micro-kernels below are decorated with cache=True
+prefer_wide_vectors()  # the kernels' width: the ceiling is measured as they run
 
 TILE_PIXELS = 256  # one 16 x 16 tile
 INTERLEAVED_SECONDS = 0.1  # each ceiling measurement between the arms of a bench run

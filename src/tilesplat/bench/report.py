@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..backends.vector_width import wide_vectors_on
 from .stages import STAGE_TITLES
 from .timing import cpu_threads
 from .tolerance import summary, verdict
@@ -45,6 +46,8 @@ def machine_info() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu_model": cpu_model(),
+        # the CPU kernels' target asked for 512-bit vectors (backends/vector_width.py)
+        "wide_vectors": wide_vectors_on(),
         "threads": cpu_threads(),
         "gpu": gpu,
         "platform": platform.platform(),
@@ -118,7 +121,8 @@ def format_bench(res: dict[str, Any], markdown: bool = False) -> str:
     m = res["machine"]
     lines = [
         f"machine: {m['cpu_model']}, threads {m['threads']}, torch {m['versions']['torch']}, "
-        f"numba {m['versions'].get('numba', '-')}, {m['date_utc']}",
+        f"numba {m['versions'].get('numba', '-')}"
+        + (", 512-bit vectors" if m.get("wide_vectors") else "") + f", {m['date_utc']}",
         f"scene {sc['name']}: {sc['gaussians']} Gaussians, {sc['cameras']} camera(s) "
         f"{sc['width']}x{sc['height']}, SH degree {sc['sh_degree']}, {sc['dtype']}, "
         f"{pairs['intersections']} intersections",

@@ -16,8 +16,10 @@ serve several ops; the scalar math is ``backends/shared/``, compiled by ``_commo
 """
 
 from ..kernel_cache import install as _install_kernel_cache
+from ..vector_width import prefer_wide_vectors as _prefer_wide_vectors
 
 _install_kernel_cache()  # before the kernels below are decorated with cache=True
+_prefer_wide_vectors()  # before Numba makes its target (the first compile or cache load)
 
 from ..registry import DiffOp, register  # noqa: E402
 from . import covariance, intersect, projection, rasterize, sh, ssim, twodgs, ut  # noqa: E402

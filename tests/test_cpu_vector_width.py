@@ -1,0 +1,69 @@
+"""The CPU kernels' vector width (``backends/vector_width.py``): on a CPU with AVX-512 the
+kernels compile for the 512-bit registers unless the user chose Numba's target, turned it off,
+or Numba made its target before tilesplat loaded; elsewhere nothing changes. Each case runs in
+a fresh process: Numba makes its target once a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite.binding as ll
+
+HOST = ll.get_host_cpu_features()
+AVX512 = bool(HOST.get("avx512f", False))
+TESTS = str(Path(__file__).parent)
+
+
+def _run(code: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "TILESPLAT_WIDE_VECTORS")}
+    prog = (
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {TESTS!r})\n"
+        f"{code}\n"
+        "from tilesplat.backends.vector_width import wide_vectors_on\n"
+        "print(json.dumps({'features': os.environ.get('NUMBA_CPU_FEATURES'),\n"
+        "                  'on': wide_vectors_on(), **out}))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                         timeout=600, env={**clean, **env})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_cpu_backend_asks_for_the_whole_register_where_there_is_one():
+    got = _run("import tilesplat.backends.cpu\n"
+               "from test_cpu_backend import blend_tile_asm, packed_float_ops\n"
+               "import re\n"
+               "asm = blend_tile_asm()\n"
+               "out = {'zmm': len(re.findall(r'%zmm', asm)), 'packed': packed_float_ops(asm)}")
+    assert got["packed"] > 20  # vectorised either way (test_cpu_backend)
+    if AVX512:
+        assert got["on"] and got["features"] == HOST.flatten() + ",-prefer-256-bit"
+        assert got["zmm"] > 20, f"the per-pair loop does not use the 512-bit registers: {got}"
+    else:  # no 512-bit alternative: Numba's target untouched
+        assert not got["on"] and got["features"] is None
+        assert got["zmm"] == 0
+
+
+def test_the_users_choice_and_the_switch_are_kept():
+    mine = HOST.flatten()
+    got = _run("import tilesplat.backends.cpu\nout = {}", NUMBA_CPU_FEATURES=mine)
+    assert got["features"] == mine and not got["on"]
+    got = _run("import tilesplat.backends.cpu\nout = {}", NUMBA_CPU_NAME="generic")
+    assert got["features"] in (None, "") and not got["on"]
+    got = _run("import tilesplat.backends.cpu\nout = {}", TILESPLAT_WIDE_VECTORS="0")
+    assert got["features"] is None and not got["on"]
+
+
+def test_a_target_numba_already_made_is_left_alone():
+    got = _run("from numba import njit\n"
+               "njit(lambda x: x + 1)(1)  # Numba makes its target here\n"
+               "import tilesplat.backends.cpu\n"
+               "from tilesplat.backends.vector_width import prefer_wide_vectors\n"
+               "out = {'applied': prefer_wide_vectors()}")
+    assert got["features"] is None and not got["applied"] and not got["on"]
