@@ -10,7 +10,12 @@ import torch
 
 from ._common import BLOCK, alloc, parallel_for, view
 from .cull import max_tile_len, splat_bounds
-from .rasterize_bwd import backward_kernel, isects_by_gaussian, reduce_backgrounds, reduce_kernel
+from .rasterize_bwd import (
+    backward_kernel,
+    contributing_by_gaussian,
+    reduce_backgrounds,
+    reduce_kernel,
+)
 from .rasterize_bwd_tiles import N_FIXED
 from .rasterize_fwd import forward_kernel
 from .rasterize_saved import alloc_saved, float_shape, n_slices, unpack_saved
@@ -125,14 +130,15 @@ def backward(
     n = flatten_ids.shape[0]
     dt = means2d.dtype
     np_dt = view(means2d).dtype
-    first, order = isects_by_gaussian(view(flatten_ids), n_gauss)
-    part = view(alloc((n, N_FIXED + n_ch), dt))  # large: pooled (``buffer_pool``)
-    bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
-    bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
-    mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
     flags, floats = unpack_saved(
         extra, n, n_slices(tile_size),
         float_shape(scheme, dt, n_img, height, width, n_ch), np_dt)
+    first, order = contributing_by_gaussian(view(flatten_ids), flags, n_gauss)
+    # the flagged rows are written, and no other is read: uninitialised, large, pooled
+    part = view(alloc((n, N_FIXED + n_ch), dt))
+    bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
+    bg = view(backgrounds) if backgrounds is not None else np.zeros((0, n_ch), np_dt)
+    mk = view(masks) if masks is not None else np.zeros((0, 0, 0), np.bool_)
     parallel_for(
         backward_kernel,
         n_img * th * tw,

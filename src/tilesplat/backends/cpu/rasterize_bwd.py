@@ -21,7 +21,10 @@ of its flagged slices.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing
-intersection order. No atomics: results are bit-identical for any thread count.
+intersection order. Only the rows of the intersections the forward flagged are written and
+summed (at 1 M Gaussians 0.98 M of 2.63 M: the rest lie behind stopped pixels); the others are
+zero, and leaving a zero out of a sum changes none of its bits. No atomics: results are
+bit-identical for any thread count.
 """
 
 from __future__ import annotations
@@ -84,11 +87,11 @@ def backward_kernel(
     part,
     bg_part,
 ):
-    """Tiles first, first + step, ...; fills part [n, 8 + D], the gradient rows of the
-    intersections (row k: intersection k), and bg_part [n_tiles, D] (the tile's sum of
-    v_render_colors * T_final). A tile sums its rows in place: its intersections are
-    contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile`` computes no row
-    ranges: the forward's flags say more); max_len: the longest tile list; colors_lo
+    """Tiles first, first + step, ...; writes part [n, 8 + D], the gradient rows of the
+    intersections the forward flagged (row k: intersection k; the other rows are not
+    written), and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final). A
+    tile's intersections are contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile``
+    computes no row ranges: the forward's flags say more); max_len: the longest tile list; colors_lo
     [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
     (per_splat); trans_final [I, H, W] or [0, 0, 0]: the forward's final transmittances
     (per_pixel); flags [n, n_sub]: the forward's hit flags (``rasterize_saved``)."""
@@ -160,19 +163,25 @@ def backward_kernel(
                         state[p] += np.float64(vcd) * c_final
                     if has_bg:
                         bg_dot[p] += vcd * backgrounds[img, d]
-        # the tile's gradient rows are part[start:end], summed in place (zero for the rows no
-        # pixel reaches: past the tile's last contributor, or a masked tile)
-        for k in range(start, end):
-            for col in range(part.shape[1]):
-                part[k, col] = zero
+        # the tile's gradient rows are part[start:end]; tile_rows writes those the forward
+        # flagged up to the tile's last contributor, and the reduce reads no unflagged row
+        # (``contributing_by_gaussian``)
         k_tile = -1
         for p in range(n_pix):
             k_tile = max(k_tile, last[p])
-        if (has_mask and not masks[img, ty, tx]) or k_tile < start:
+        skipped = has_mask and not masks[img, ty, tx]
+        k_end = start if skipped or k_tile < start else min(end, k_tile + 1)
+        for k in range(k_end, end):  # a flag no pixel used (none from this forward): a zero
+            flagged = False
+            for sub in range(flags.shape[1]):
+                flagged |= flags[k, sub] != 0
+            if flagged:
+                for col in range(part.shape[1]):
+                    part[k, col] = zero
+        if k_end == start:
             continue
-        # only rows up to the tile's last contributor are ever read
         n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
-                          min(end, k_tile + 1), tx, ty, tile_size, loc, r_first, r_last)
+                          k_end, tx, ty, tile_size, loc, r_first, r_last)
         for p in range(n_pix):
             # d loss / d alpha_k through render_alphas (and, per pixel, the background) is
             # this times T_final / (1 - alpha_k)
@@ -200,6 +209,36 @@ def isects_by_gaussian(flatten_ids, n_gauss):
         g = flatten_ids[k]
         order[cursor[g]] = k
         cursor[g] += 1
+    return first, order
+
+
+@njit(cache=True, error_model="numpy")
+def contributing_by_gaussian(flatten_ids, flags, n_gauss):
+    """The intersections the forward flagged (flags [n, n_sub]: any pixel group of any slice),
+    Gaussian by Gaussian (a stable counting sort): Gaussian g's are order[first[g]:first[g +
+    1]], in increasing intersection order. An unflagged intersection contributes to no pixel,
+    so its gradient row is zero: leaving it out of a Gaussian's sum changes no bit of it (the
+    sum starts at +0 and is never -0, and x + (+-0) is x)."""
+    n = flatten_ids.shape[0]
+    n_sub = flags.shape[1]
+    hit = np.zeros(n, np.bool_)
+    first = np.zeros(n_gauss + 1, np.int64)
+    for k in range(n):
+        any_flag = False
+        for s in range(n_sub):
+            any_flag |= flags[k, s] != 0
+        hit[k] = any_flag
+        if any_flag:
+            first[flatten_ids[k] + 1] += 1
+    for g in range(n_gauss):
+        first[g + 1] += first[g]
+    cursor = first[:-1].copy()
+    order = np.empty(first[n_gauss], np.int64)
+    for k in range(n):
+        if hit[k]:
+            g = flatten_ids[k]
+            order[cursor[g]] = k
+            cursor[g] += 1
     return first, order
 
 

@@ -69,7 +69,7 @@ N_BUF = 7  # v_c [D, P] follows: rows N_BUF + d
 
 @njit(cache=True, fastmath=SUMS, forceinline=True, error_model="numpy")
 def pair_grads(j, p0, p1, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
-    """Adds the gradient of intersection j from pixels p0 <= p < p1 (uint64) to rows[j]:
+    """Writes the gradient of intersection j from pixels p0 <= p < p1 (uint64) to rows[j]:
     means2d, conic, opacity and colour (w * v_c), summed over the pixels, and (absgrad)
     |d loss / d means2d|. buf [N_BUF + D, P]: pixel centres, exp(-sigma), v_alpha (0 where the
     pair does not contribute or alpha is clamped), w = alpha T_k, and v_c [D, P] (the R_*
@@ -96,20 +96,20 @@ def pair_grads(j, p0, p1, mx, my, a, b, c, op, buf, v_c, absgrad, rows):
         if absgrad:  # loop-invariant: compiled as two loops
             s_ax += abs(a * vx + b * vy)
             s_ay += abs(b * vx + c * vy)
-    rows[j, C_MX] += a * s_x + b * s_y
-    rows[j, C_MY] += b * s_x + c * s_y
-    rows[j, C_A] += half * s_xx
-    rows[j, C_B] += s_xy
-    rows[j, C_C] += half * s_yy
-    rows[j, C_OP] += s_op
-    rows[j, C_ABSX] += s_ax
-    rows[j, C_ABSY] += s_ay
+    rows[j, C_MX] = a * s_x + b * s_y
+    rows[j, C_MY] = b * s_x + c * s_y
+    rows[j, C_A] = half * s_xx
+    rows[j, C_B] = s_xy
+    rows[j, C_C] = half * s_yy
+    rows[j, C_OP] = s_op
+    rows[j, C_ABSX] = s_ax
+    rows[j, C_ABSY] = s_ay
     w = buf[R_W]
     for d in range(v_c.shape[0]):
         s_col = zero
         for p in range(p0, p1):
             s_col += w[p] * v_c[d, p]
-        rows[j, N_FIXED + d] += s_col
+        rows[j, N_FIXED + d] = s_col
 
 
 # The colour step: no fast-math (per_splat replays the forward's weights bit for bit). Each
@@ -139,8 +139,10 @@ def color_px(ar, t, r, v0, v1, v2, c0, c1, c2, st, per_splat):
 @njit(cache=True, forceinline=True, error_model="numpy")
 def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgrad, per_splat,
               rows):
-    """A tile's P pixels (whole slices of SUB_PIXELS): adds to rows[k0 + j] the gradient of the
-    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``), each evaluated
+    """A tile's P pixels (whole slices of SUB_PIXELS): writes rows[k0 + j], the gradient of the
+    tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``) that the forward
+    flagged (the others' rows are left as they are: ``contributing_by_gaussian`` leaves them
+    out of the sums), each evaluated
     from the first to the last group of pixels the forward flagged for it and summed over the
     slices of those (unflagged pixels inside change nothing: none of their pairs contributes).
     per_pixel walks back to front from j_end - 1, per_splat front to back. One row's sums run
