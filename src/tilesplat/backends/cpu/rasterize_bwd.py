@@ -91,8 +91,8 @@ def backward_kernel(
     intersections the forward flagged (row k: intersection k; the other rows are not
     written), and bg_part [n_tiles, D] (the tile's sum of v_render_colors * T_final). A
     tile's intersections are contiguous, part[start:end]. bounds [0, 4] (``cull.gather_tile``
-    computes no row ranges: the forward's flags say more); max_len: the longest tile list; colors_lo
-    [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
+    computes no row ranges: the forward's flags say more); max_len: the longest tile list;
+    colors_lo [I, H, W, D] or [0, 0, 0, D]: the forward's rounding residual of render_colors
     (per_splat); trans_final [I, H, W] or [0, 0, 0]: the forward's final transmittances
     (per_pixel); flags [n, n_sub]: the forward's hit flags (``rasterize_saved``)."""
     n_img, th, tw = offsets.shape
@@ -172,10 +172,7 @@ def backward_kernel(
         skipped = has_mask and not masks[img, ty, tx]
         k_end = start if skipped or k_tile < start else min(end, k_tile + 1)
         for k in range(k_end, end):  # a flag no pixel used (none from this forward): a zero
-            flagged = False
-            for sub in range(flags.shape[1]):
-                flagged |= flags[k, sub] != 0
-            if flagged:
+            if flagged(flags, k):
                 for col in range(part.shape[1]):
                     part[k, col] = zero
         if k_end == start:
@@ -194,52 +191,53 @@ def backward_kernel(
                   per_splat, part)
 
 
-@njit(cache=True, error_model="numpy")
-def isects_by_gaussian(flatten_ids, n_gauss):
-    """Intersections Gaussian by Gaussian (a stable counting sort): Gaussian g's are
-    order[first[g]:first[g + 1]], in increasing intersection order."""
-    first = np.zeros(n_gauss + 1, np.int64)
-    for k in range(flatten_ids.shape[0]):
-        first[flatten_ids[k] + 1] += 1
-    for g in range(n_gauss):
-        first[g + 1] += first[g]
-    cursor = first[:-1].copy()
-    order = np.empty(flatten_ids.shape[0], np.int64)
-    for k in range(flatten_ids.shape[0]):
-        g = flatten_ids[k]
-        order[cursor[g]] = k
-        cursor[g] += 1
-    return first, order
+@njit(cache=True, inline="always", error_model="numpy")
+def flagged(flags, k):
+    """Whether the forward flagged intersection k (flags [n, n_sub]: any group of any slice)."""
+    hit = False
+    for sub in range(flags.shape[1]):
+        hit |= flags[k, sub] != 0
+    return hit
 
 
 @njit(cache=True, error_model="numpy")
-def contributing_by_gaussian(flatten_ids, flags, n_gauss):
-    """The intersections the forward flagged (flags [n, n_sub]: any pixel group of any slice),
-    Gaussian by Gaussian (a stable counting sort): Gaussian g's are order[first[g]:first[g +
-    1]], in increasing intersection order. An unflagged intersection contributes to no pixel,
-    so its gradient row is zero: leaving it out of a Gaussian's sum changes no bit of it (the
-    sum starts at +0 and is never -0, and x + (+-0) is x)."""
-    n = flatten_ids.shape[0]
-    n_sub = flags.shape[1]
-    hit = np.zeros(n, np.bool_)
+def _by_gaussian(flatten_ids, keep, n_gauss):
+    """The intersections k with keep[k] (every one where keep is empty), Gaussian by Gaussian
+    (a stable counting sort): Gaussian g's are order[first[g]:first[g + 1]], in increasing
+    intersection order."""
+    every = keep.shape[0] == 0
     first = np.zeros(n_gauss + 1, np.int64)
-    for k in range(n):
-        any_flag = False
-        for s in range(n_sub):
-            any_flag |= flags[k, s] != 0
-        hit[k] = any_flag
-        if any_flag:
+    for k in range(flatten_ids.shape[0]):
+        if every or keep[k]:
             first[flatten_ids[k] + 1] += 1
     for g in range(n_gauss):
         first[g + 1] += first[g]
     cursor = first[:-1].copy()
     order = np.empty(first[n_gauss], np.int64)
-    for k in range(n):
-        if hit[k]:
+    for k in range(flatten_ids.shape[0]):
+        if every or keep[k]:
             g = flatten_ids[k]
             order[cursor[g]] = k
             cursor[g] += 1
     return first, order
+
+
+@njit(cache=True, error_model="numpy")
+def isects_by_gaussian(flatten_ids, n_gauss):
+    """Intersections Gaussian by Gaussian: (first, order) of :func:`_by_gaussian`, all of them."""
+    return _by_gaussian(flatten_ids, np.zeros(0, np.bool_), n_gauss)
+
+
+@njit(cache=True, error_model="numpy")
+def contributing_by_gaussian(flatten_ids, flags, n_gauss):
+    """The intersections the forward flagged (:func:`flagged`), Gaussian by Gaussian: (first,
+    order) of :func:`_by_gaussian`. An unflagged intersection contributes to no pixel, so its
+    gradient row is zero: leaving it out of a Gaussian's sum changes no bit of it (the sum
+    starts at +0 and is never -0, and x + (+-0) is x)."""
+    hit = np.empty(flatten_ids.shape[0], np.bool_)
+    for k in range(flatten_ids.shape[0]):
+        hit[k] = flagged(flags, k)
+    return _by_gaussian(flatten_ids, hit, n_gauss)
 
 
 @njit(cache=True, error_model="numpy")

@@ -67,8 +67,6 @@ def _pow2_neg_overload(x, n):
     return impl
 
 
-
-
 @intrinsic
 def _fma_ir(typingctx, a, b, c):
     if not (isinstance(a, nb_types.Float) and a == b == c):
