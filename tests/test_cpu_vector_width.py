@@ -36,18 +36,23 @@ def _run(code: str, **env: str) -> dict:
 
 
 def test_the_cpu_backend_asks_for_the_whole_register_where_there_is_one():
+    """What the code must do is ask Numba's target for the features; which width LLVM then
+    picks for a loop is the compiler's (it is 16 float32 lanes on the hosts measured,
+    docs/benchmarks.md), so only the request and the vectorisation are asserted."""
     got = _run("import tilesplat.backends.cpu\n"
                "from test_cpu_backend import blend_tile_asm, packed_float_ops\n"
-               "import re\n"
-               "asm = blend_tile_asm()\n"
-               "out = {'zmm': len(re.findall(r'%zmm', asm)), 'packed': packed_float_ops(asm)}")
+               "from numba.core.registry import cpu_target\n"
+               "asm = blend_tile_asm()  # Numba makes its target here\n"
+               "out = {'target': cpu_target.target_context.codegen().magic_tuple()[2],\n"
+               "       'packed': packed_float_ops(asm)}")
     assert got["packed"] > 20  # vectorised either way (test_cpu_backend)
     if AVX512:
-        assert got["on"] and got["features"] == HOST.flatten() + ",-prefer-256-bit"
-        assert got["zmm"] > 20, f"the per-pair loop does not use the 512-bit registers: {got}"
+        want = HOST.flatten() + ",-prefer-256-bit"
+        assert got["on"] and got["features"] == want
+        assert got["target"] == want, "Numba's target machine was made without the request"
     else:  # no 512-bit alternative: Numba's target untouched
         assert not got["on"] and got["features"] is None
-        assert got["zmm"] == 0
+        assert "-prefer-256-bit" not in got["target"]
 
 
 def test_the_users_choice_and_the_switch_are_kept():
