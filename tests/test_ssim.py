@@ -68,3 +68,26 @@ def test_other_windows():
         ref = ssim(a, b, k, sigma, backend="torch")
         got = ssim(a, b, k, sigma, backend="cpu")
         assert abs(float(got) - float(ref)) < 1e-13
+
+
+def test_eleven_tap_filters_are_the_general_filters():
+    """The unrolled 11-tap filters of the CPU kernel sum in the general filters' order: the
+    same bits, in both dtypes."""
+    from tilesplat.backends.cpu import ssim as kernels
+
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        w = torch.rand(11, generator=g, dtype=dtype).numpy()
+        src = (torch.rand(50, generator=g, dtype=dtype) - 0.5).numpy()
+        want, got = src[:40].copy() * float("nan"), src[:40].copy() * float("nan")
+        kernels._filter_row(src, w, want)
+        kernels._filter_row11(src, w, got)
+        assert (want == got).all()
+        rows = torch.rand(11, 40, generator=g, dtype=dtype).numpy()
+        kernels._filter_column(rows, w, want)
+        kernels._filter_column11(rows, w, got)
+        assert (want == got).all()
+        maps = torch.rand(2, 3, 30, 40, generator=g, dtype=dtype).numpy()
+        kernels._transposed_column(maps, 1, 2, 20, 0, 10, w, want)
+        kernels._transposed_column11(maps, 1, 2, 20, w, got)
+        assert (want == got).all()

@@ -14,8 +14,9 @@ with the window w, the mean SSIM S̄ over M pixels and the partials g of a pixel
 one transposed (zero-padded) separable filter per map, over blocks of input rows (the
 moments are of the shifted images x' = x − SHIFT, y' = y − SHIFT; see SHIFT).
 
-Every inner loop runs over a contiguous row with the taps outside, so it vectorises (no
-reassociation needed); every output element is written by one item in a fixed order and the
+Every inner loop runs over a contiguous row, so it vectorises (no reassociation needed): the
+taps outside it, or, for the usual window of 11, unrolled inside it in the same order (each
+output then stays in a register: 1.4x faster at 1,297x840); every output element is written by one item in a fixed order and the
 per-item sums of the SSIM are added in item order, so the result does not depend on the
 thread count. Sums use the images' dtype, as the reference's convolutions do; the mean
 accumulates in float64.
@@ -73,6 +74,51 @@ def _filter_column(rows, w, dst):
 
 
 @njit(cache=True, error_model="numpy")
+def _filter_row11(src, w, dst):
+    """:func:`_filter_row` for a window of 11 taps, in the same order: the taps are unrolled,
+    so each output stays in a register (not re-read and re-written once per tap)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6],
+                                                   w[7], w[8], w[9], w[10])
+    zero = like(w0, 0.0)
+    for j in range(dst.shape[0]):
+        acc = zero + w0 * src[j]
+        acc += w1 * src[j + 1]
+        acc += w2 * src[j + 2]
+        acc += w3 * src[j + 3]
+        acc += w4 * src[j + 4]
+        acc += w5 * src[j + 5]
+        acc += w6 * src[j + 6]
+        acc += w7 * src[j + 7]
+        acc += w8 * src[j + 8]
+        acc += w9 * src[j + 9]
+        acc += w10 * src[j + 10]
+        dst[j] = acc
+
+
+@njit(cache=True, error_model="numpy")
+def _filter_column11(rows, w, dst):
+    """:func:`_filter_column` for a window of 11 taps, in the same order (unrolled)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6],
+                                                   w[7], w[8], w[9], w[10])
+    r0, r1, r2, r3, r4, r5 = rows[0], rows[1], rows[2], rows[3], rows[4], rows[5]
+    r6, r7, r8, r9, r10 = rows[6], rows[7], rows[8], rows[9], rows[10]
+    zero = like(w0, 0.0)
+    for j in range(dst.shape[0]):
+        acc = zero + w0 * r0[j]
+        acc += w1 * r1[j]
+        acc += w2 * r2[j]
+        acc += w3 * r3[j]
+        acc += w4 * r4[j]
+        acc += w5 * r5[j]
+        acc += w6 * r6[j]
+        acc += w7 * r7[j]
+        acc += w8 * r8[j]
+        acc += w9 * r9[j]
+        acc += w10 * r10[j]
+        dst[j] = acc
+
+
+@njit(cache=True, error_model="numpy")
 def _moments(mom, j):
     """(mu_x, mu_y, var_x, var_y, cov, mu_x', mu_y') in float64 at column j of the moment
     rows mom [5, Wo] of the shifted images (x' = x - SHIFT)."""
@@ -110,10 +156,11 @@ def _ssim_row(mom, srow, maps, p, o, n_maps):
         den = c * d
         s = a * b / den
         srow[j] = s
-        d_a = b / den
-        d_b = a / den
-        d_c = -s / c
-        d_d = -s / d
+        inv = 1.0 / den
+        d_a = b * inv
+        d_b = a * inv
+        d_c = -(s * d) * inv
+        d_d = -(s * c) * inv
         # d/d mu_x' of A, C (through mu_x = mu_x' + SHIFT) and of cov, var_x (through mu_x')
         maps[p, MAP_MU_X, o, j] = 2.0 * (my * d_a - sy * d_b + mx * d_c - sx * d_d)
         maps[p, MAP_VAR, o, j] = d_d
@@ -183,11 +230,17 @@ def forward_kernel(first, step, x, y, w, n_blocks, n_maps, maps, sums):
                 src[3, j] = yv * yv
                 src[4, j] = xv * yv
             for m in range(5):
-                _filter_row(src[m], w, hbuf[m, i])
+                if k == 11:
+                    _filter_row11(src[m], w, hbuf[m, i])
+                else:
+                    _filter_row(src[m], w, hbuf[m, i])
         acc = 0.0
         for o in range(o0, o1):
             for m in range(5):
-                _filter_column(hbuf[m, o - o0:o - o0 + k], w, mom[m])
+                if k == 11:
+                    _filter_column11(hbuf[m, o - o0:o - o0 + k], w, mom[m])
+                else:
+                    _filter_column(hbuf[m, o - o0:o - o0 + k], w, mom[m])
             _ssim_row(mom, srow, maps, p, o, n_maps)
             acc += _row_sum(srow)
         sums[item] = acc
@@ -221,8 +274,14 @@ def backward_kernel(first, step, x, y, w, maps, n_blocks, scale, want_x, want_y,
             t_hi = min(k - 1, q)
             for m in range(n_maps):
                 mid = pad[m, k - 1:k - 1 + wo]
-                _transposed_column(maps, p, m, q, t_lo, t_hi, w, mid)
-                _filter_row(pad[m], wr, g[m])
+                if k == 11 and t_lo == 0 and t_hi == k - 1:
+                    _transposed_column11(maps, p, m, q, w, mid)
+                else:
+                    _transposed_column(maps, p, m, q, t_lo, t_hi, w, mid)
+                if k == 11:
+                    _filter_row11(pad[m], wr, g[m])
+                else:
+                    _filter_row(pad[m], wr, g[m])
             for j in range(wd):
                 xv = x[b, q, j, ch] - shift
                 yv = y[b, q, j, ch] - shift
@@ -246,6 +305,31 @@ def _transposed_column(maps, p, m, q, t_lo, t_hi, w, dst):
         row = maps[p, m, q - t]
         for j in range(n):
             dst[j] += wt * row[j]
+
+
+@njit(cache=True, error_model="numpy")
+def _transposed_column11(maps, p, m, q, w, dst):
+    """:func:`_transposed_column` for a window of 11 taps and all of them (t = 10 .. 0), in
+    the same order, unrolled."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6],
+                                                   w[7], w[8], w[9], w[10])
+    r0, r1, r2, r3 = maps[p, m, q], maps[p, m, q - 1], maps[p, m, q - 2], maps[p, m, q - 3]
+    r4, r5, r6, r7 = maps[p, m, q - 4], maps[p, m, q - 5], maps[p, m, q - 6], maps[p, m, q - 7]
+    r8, r9, r10 = maps[p, m, q - 8], maps[p, m, q - 9], maps[p, m, q - 10]
+    zero = like(w0, 0.0)
+    for j in range(dst.shape[0]):
+        acc = zero + w10 * r10[j]
+        acc += w9 * r9[j]
+        acc += w8 * r8[j]
+        acc += w7 * r7[j]
+        acc += w6 * r6[j]
+        acc += w5 * r5[j]
+        acc += w4 * r4[j]
+        acc += w3 * r3[j]
+        acc += w2 * r2[j]
+        acc += w1 * r1[j]
+        acc += w0 * r0[j]
+        dst[j] = acc
 
 
 # ---------------------------------------------------------------------------------------------
