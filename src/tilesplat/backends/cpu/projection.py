@@ -51,7 +51,7 @@ def forward(
     comps = alloc((n_b, n_c, n_g), dt) if calc_compensations else None
     parallel_for(
         forward_kernel,
-        (n_b * n_g + BLOCK - 1) // BLOCK,
+        n_b * ((n_g + BLOCK - 1) // BLOCK),
         view(means),
         _np_or_empty(covars, 3, np_dt),
         _np_or_empty(quats, 3, np_dt),

@@ -8,6 +8,7 @@ summed chunk by chunk afterwards, so the result does not depend on the number of
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from ..shared.typed import like
@@ -45,20 +46,133 @@ def backward_one(mx, my, mz, cov, r, t, k, width, height, eps2d, model, vu, vv, 
     return (gx, gy, gz), vr, vcov
 
 
+# Rows of a chunk's scratch (``backward_kernel``): the inputs, one camera's upstream
+# gradients, the sums over the cameras, one camera's shares of v_viewmats, the results.
+B_COV, B_MEAN = 0, 6  # world covariance 6, mean 3
+B_VIS = 9  # 1 where the current camera sees the Gaussian (both radii > 0), else 0
+B_VU, B_VV, B_VD, B_VA, B_VB, B_VC, B_VCOMP = range(10, 17)
+B_GM, B_GS, B_SEEN = 17, 20, 26  # d loss / d mean 3, d loss / d world covariance 6, any camera
+B_G, B_VR = 27, 30  # d loss / d mean_c 3 and d loss / d R 9 (for v_viewmats)
+B_OUT = 39  # v_quats 4 and v_scales 3, or v_covars 6
+N_BROWS = 46
+
+
 @njit(cache=True, inline="always", error_model="numpy")
-def write_zero_grads(covars, v_means, v_covars, v_quats, v_scales, b, n, zero):
-    """The gradients of Gaussian (b, n) where no camera sees it: +0 (the reference's; the
-    chain rule through its covariance would give the same values, some of them -0)."""
-    for e in range(3):
-        v_means[b, n, e] = zero
+def load_chunk(means, covars, quats, scales, b, n0, n1, blk):
+    """blk[B_COV, B_MEAN rows, n - n0] for Gaussians n0 <= n < n1 of batch b; the sums and
+    B_SEEN zeroed."""
+    # unsigned indices: NumPy's wrap-around of negative ones would keep LLVM from seeing
+    # contiguous accesses
+    u0, u1 = np.uint64(n0), np.uint64(n1)
     if covars.shape[0] > 0:
-        for e in range(6):
-            v_covars[b, n, e] = zero
+        for n in range(u0, u1):
+            for e in range(6):
+                blk[B_COV + e, n - u0] = covars[b, n, e]
     else:
-        for e in range(4):
-            v_quats[b, n, e] = zero
+        for n in range(u0, u1):
+            c6 = load_covar(covars, quats, scales, b, n)
+            i = n - u0
+            blk[0, i], blk[1, i], blk[2, i] = c6[0], c6[1], c6[2]
+            blk[3, i], blk[4, i], blk[5, i] = c6[3], c6[4], c6[5]
+    for n in range(u0, u1):
         for e in range(3):
-            v_scales[b, n, e] = zero
+            blk[B_MEAN + e, n - u0] = means[b, n, e]
+    for row in range(B_GM, B_SEEN + 1):
+        for i in range(u1 - u0):
+            blk[row, i] = 0.0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def load_camera_rows(radii, v_means2d, v_depths, v_conics, v_comps, b, c, n0, n1, blk):
+    """Camera c's visibility and upstream gradients of Gaussians n0 <= n < n1 into blk."""
+    u0, u1 = np.uint64(n0), np.uint64(n1)
+    for n in range(u0, u1):
+        vis = (radii[b, c, n, 0] > 0) & (radii[b, c, n, 1] > 0)
+        blk[B_VIS, n - u0] = 1.0 if vis else 0.0
+        blk[B_SEEN, n - u0] = 1.0 if vis else blk[B_SEEN, n - u0]
+    for n in range(u0, u1):
+        blk[B_VU, n - u0] = v_means2d[b, c, n, 0]
+        blk[B_VV, n - u0] = v_means2d[b, c, n, 1]
+    for n in range(u0, u1):
+        blk[B_VD, n - u0] = v_depths[b, c, n]
+    for n in range(u0, u1):
+        blk[B_VA, n - u0] = v_conics[b, c, n, 0]
+        blk[B_VB, n - u0] = v_conics[b, c, n, 1]
+        blk[B_VC, n - u0] = v_conics[b, c, n, 2]
+    if v_comps.shape[0] > 0:
+        for n in range(u0, u1):
+            blk[B_VCOMP, n - u0] = v_comps[b, c, n]
+    else:
+        for i in range(u1 - u0):
+            blk[B_VCOMP, i] = 0.0
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def backward_chunk(blk, count, r, t, k, width, height, eps2d, model, calc_comp, want_vm):
+    """One camera (r, t, k) of the chunk's first ``count`` Gaussians: adds what it sees of
+    them to the B_GM and B_GS sums (+0 where it does not see one: the sums stay those of the
+    cameras that do, bit for bit), and (want_vm) writes B_G and B_VR. Branch-free over the
+    Gaussians and on one array, so it vectorises; model: a constant where this is inlined."""
+    for i in range(np.uint64(count)):
+        zero = like(blk[0, i], 0.0)
+        vis = blk[B_VIS, i] > zero
+        cov = (blk[0, i], blk[1, i], blk[2, i], blk[3, i], blk[4, i], blk[5, i])
+        g, vr, vcov = backward_one(
+            blk[B_MEAN, i], blk[B_MEAN + 1, i], blk[B_MEAN + 2, i], cov, r, t, k, width,
+            height, eps2d, model, blk[B_VU, i], blk[B_VV, i], blk[B_VD, i], blk[B_VA, i],
+            blk[B_VB, i], blk[B_VC, i], blk[B_VCOMP, i], calc_comp)
+        # mean_c = R m + t
+        gm0 = r[0] * g[0] + r[3] * g[1] + r[6] * g[2]
+        gm1 = r[1] * g[0] + r[4] * g[1] + r[7] * g[2]
+        gm2 = r[2] * g[0] + r[5] * g[1] + r[8] * g[2]
+        blk[B_GM, i] = blk[B_GM, i] + (gm0 if vis else zero)
+        blk[B_GM + 1, i] = blk[B_GM + 1, i] + (gm1 if vis else zero)
+        blk[B_GM + 2, i] = blk[B_GM + 2, i] + (gm2 if vis else zero)
+        for e in range(6):
+            blk[B_GS + e, i] = blk[B_GS + e, i] + (vcov[e] if vis else zero)
+        if want_vm:
+            blk[B_G, i], blk[B_G + 1, i], blk[B_G + 2, i] = g[0], g[1], g[2]
+            blk[B_VR, i], blk[B_VR + 1, i], blk[B_VR + 2, i] = vr[0], vr[1], vr[2]
+            blk[B_VR + 3, i], blk[B_VR + 4, i], blk[B_VR + 5, i] = vr[3], vr[4], vr[5]
+            blk[B_VR + 6, i], blk[B_VR + 7, i], blk[B_VR + 8, i] = vr[6], vr[7], vr[8]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def add_viewmat_shares(blk, count, vm_part, ch, c):
+    """vm_part[ch, c] += the chunk's shares of camera c's v_viewmats, Gaussian by Gaussian in
+    order (a sum whose order is fixed)."""
+    for i in range(np.uint64(count)):
+        if blk[B_VIS, i] > 0:
+            for row in range(3):
+                gr = blk[B_G + row, i]
+                vm_part[ch, c, 4 * row + 0] += blk[B_VR + 3 * row, i] + gr * blk[B_MEAN, i]
+                vm_part[ch, c, 4 * row + 1] += blk[B_VR + 3 * row + 1, i] + gr * blk[B_MEAN + 1, i]
+                vm_part[ch, c, 4 * row + 2] += blk[B_VR + 3 * row + 2, i] + gr * blk[B_MEAN + 2, i]
+                vm_part[ch, c, 4 * row + 3] += gr
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def finish_chunk(blk, count, has_covars):
+    """The gradients of the world covariance (B_OUT: v_covars 6, or v_quats 4 and v_scales 3)
+    from the sums; +0 for a Gaussian no camera sees (the reference's; the chain rule through
+    its covariance would give the same values, some of them -0)."""
+    for i in range(np.uint64(count)):
+        zero = like(blk[0, i], 0.0)
+        gs0, gs1, gs2 = blk[B_GS, i], blk[B_GS + 1, i], blk[B_GS + 2, i]
+        gs3, gs4, gs5 = blk[B_GS + 3, i], blk[B_GS + 4, i], blk[B_GS + 5, i]
+        if has_covars:
+            two = like(zero, 2.0)
+            blk[B_OUT, i], blk[B_OUT + 1, i], blk[B_OUT + 2, i] = gs0, two * gs1, two * gs2
+            blk[B_OUT + 3, i], blk[B_OUT + 4, i], blk[B_OUT + 5, i] = gs3, two * gs4, gs5
+        else:
+            seen = blk[B_SEEN, i] > zero
+            q = sm.quat_scale_to_covar_vjp(blk[B_OUT + 0, i], blk[B_OUT + 1, i],
+                                           blk[B_OUT + 2, i], blk[B_OUT + 3, i],
+                                           blk[B_OUT + 4, i], blk[B_OUT + 5, i],
+                                           blk[B_OUT + 6, i], gs0, gs1, gs2, gs1, gs3, gs4,
+                                           gs2, gs4, gs5)
+            for e in range(7):
+                blk[B_OUT + e, i] = q[e] if seen else zero
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -90,89 +204,60 @@ def backward_kernel(
     vm_part [n_chunks, C, 12] (R and t of each camera) or [0, C, 12].
 
     Each Gaussian sums its cameras in order and adds its v_viewmats share to vm_part[ch].
-    Arrays are only indexed here, in the kernel (see ``projection_fwd.forward_kernel``: array
-    arguments of per-Gaussian calls cost an atomic reference count each)."""
+    A chunk's inputs and upstream gradients go to rows of a scratch array; each camera is one
+    branch-free loop over them (``backward_chunk``), which LLVM vectorises. Arrays are only
+    indexed here, in the kernel (see ``projection_fwd.forward_kernel``: array arguments of
+    per-Gaussian calls cost an atomic reference count each)."""
     n_b, n_g = means.shape[0], means.shape[1]
     n_c = viewmats.shape[1]
     want_vm = vm_part.shape[0] > 0
     calc_comp = v_comps.shape[0] > 0
+    has_covars = covars.shape[0] > 0
     chunks_per_b = (n_g + CHUNK - 1) // CHUNK
+    blk = np.empty((N_BROWS, CHUNK), means.dtype)
     for ch in range(first, n_b * chunks_per_b, step):
         b = ch // chunks_per_b
         n0 = (ch - b * chunks_per_b) * CHUNK
+        n1 = min(n_g, n0 + CHUNK)
+        count = n1 - n0
         if want_vm:
             for c in range(n_c):
                 for e in range(12):
                     vm_part[ch, c, e] = 0
-        for n in range(n0, min(n_g, n0 + CHUNK)):
-            mx, my, mz = means[b, n, 0], means[b, n, 1], means[b, n, 2]
-            zero = like(mx, 0.0)
-            seen = False
-            for c in range(n_c):
-                seen = seen or (radii[b, c, n, 0] > 0 and radii[b, c, n, 1] > 0)
-            if not seen:  # culled in every camera (half the Gaussians of a real view)
-                write_zero_grads(covars, v_means, v_covars, v_quats, v_scales, b, n, zero)
-                continue
-            cov = load_covar(covars, quats, scales, b, n)
-            gm0 = zero
-            gm1 = zero
-            gm2 = zero
-            # full-matrix entries of d loss / d world covariance
-            gs0 = zero
-            gs1 = zero
-            gs2 = zero
-            gs3 = zero
-            gs4 = zero
-            gs5 = zero
-            for c in range(n_c):
-                if radii[b, c, n, 0] <= 0 or radii[b, c, n, 1] <= 0:
-                    continue
-                r, t, k = load_camera(viewmats, Ks, b, c)
-                g, vr, vcov = backward_one(
-                    mx, my, mz, cov, r, t, k, width, height, eps2d, model,
-                    v_means2d[b, c, n, 0], v_means2d[b, c, n, 1], v_depths[b, c, n],
-                    v_conics[b, c, n, 0], v_conics[b, c, n, 1], v_conics[b, c, n, 2],
-                    v_comps[b, c, n] if calc_comp else zero, calc_comp)
-                # mean_c = R m + t
-                gm0 += r[0] * g[0] + r[3] * g[1] + r[6] * g[2]
-                gm1 += r[1] * g[0] + r[4] * g[1] + r[7] * g[2]
-                gm2 += r[2] * g[0] + r[5] * g[1] + r[8] * g[2]
-                gs0 += vcov[0]
-                gs1 += vcov[1]
-                gs2 += vcov[2]
-                gs3 += vcov[3]
-                gs4 += vcov[4]
-                gs5 += vcov[5]
-                if want_vm:
-                    for row in range(3):
-                        vm_part[ch, c, 4 * row + 0] += vr[3 * row + 0] + g[row] * mx
-                        vm_part[ch, c, 4 * row + 1] += vr[3 * row + 1] + g[row] * my
-                        vm_part[ch, c, 4 * row + 2] += vr[3 * row + 2] + g[row] * mz
-                        vm_part[ch, c, 4 * row + 3] += g[row]
-            v_means[b, n, 0] = gm0
-            v_means[b, n, 1] = gm1
-            v_means[b, n, 2] = gm2
-            if covars.shape[0] > 0:
-                two = like(zero, 2.0)
-                v_covars[b, n, 0] = gs0
-                v_covars[b, n, 1] = two * gs1
-                v_covars[b, n, 2] = two * gs2
-                v_covars[b, n, 3] = gs3
-                v_covars[b, n, 4] = two * gs4
-                v_covars[b, n, 5] = gs5
+        load_chunk(means, covars, quats, scales, b, n0, n1, blk)
+        for c in range(n_c):
+            load_camera_rows(radii, v_means2d, v_depths, v_conics, v_comps, b, c, n0, n1, blk)
+            r, t, k = load_camera(viewmats, Ks, b, c)
+            if model == 1:
+                backward_chunk(blk, count, r, t, k, width, height, eps2d, 1, calc_comp, want_vm)
+            elif model == 2:
+                backward_chunk(blk, count, r, t, k, width, height, eps2d, 2, calc_comp, want_vm)
             else:
-                q = sm.quat_scale_to_covar_vjp(
-                    quats[b, n, 0], quats[b, n, 1], quats[b, n, 2], quats[b, n, 3],
-                    scales[b, n, 0], scales[b, n, 1], scales[b, n, 2],
-                    gs0, gs1, gs2, gs1, gs3, gs4, gs2, gs4, gs5,
-                )
-                v_quats[b, n, 0] = q[0]
-                v_quats[b, n, 1] = q[1]
-                v_quats[b, n, 2] = q[2]
-                v_quats[b, n, 3] = q[3]
-                v_scales[b, n, 0] = q[4]
-                v_scales[b, n, 1] = q[5]
-                v_scales[b, n, 2] = q[6]
+                backward_chunk(blk, count, r, t, k, width, height, eps2d, 0, calc_comp, want_vm)
+            if want_vm:
+                add_viewmat_shares(blk, count, vm_part, ch, c)
+        u0, u1 = np.uint64(n0), np.uint64(n1)
+        if not has_covars:
+            for n in range(u0, u1):
+                for e in range(4):
+                    blk[B_OUT + e, n - u0] = quats[b, n, e]
+                for e in range(3):
+                    blk[B_OUT + 4 + e, n - u0] = scales[b, n, e]
+        finish_chunk(blk, count, has_covars)
+        for n in range(u0, u1):
+            for e in range(3):
+                v_means[b, n, e] = blk[B_GM + e, n - u0]
+        if has_covars:
+            for n in range(u0, u1):
+                for e in range(6):
+                    v_covars[b, n, e] = blk[B_OUT + e, n - u0]
+        else:
+            for n in range(u0, u1):
+                for e in range(4):
+                    v_quats[b, n, e] = blk[B_OUT + e, n - u0]
+            for n in range(u0, u1):
+                for e in range(3):
+                    v_scales[b, n, e] = blk[B_OUT + 4 + e, n - u0]
 
 
 @njit(cache=True, error_model="numpy")

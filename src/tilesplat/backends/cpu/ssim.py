@@ -16,10 +16,10 @@ moments are of the shifted images x' = x − SHIFT, y' = y − SHIFT; see SHIFT)
 
 Every inner loop runs over a contiguous row, so it vectorises (no reassociation needed): the
 taps outside it, or, for the usual window of 11, unrolled inside it in the same order (each
-output then stays in a register: 1.4x faster at 1,297x840); every output element is written by one item in a fixed order and the
-per-item sums of the SSIM are added in item order, so the result does not depend on the
-thread count. Sums use the images' dtype, as the reference's convolutions do; the mean
-accumulates in float64.
+output then stays in a register: 1.4x faster at 1,297x840). Every output element is written
+by one item in a fixed order and the per-item sums of the SSIM are added in item order, so the
+result does not depend on the thread count. Sums use the images' dtype, as the reference's
+convolutions do; the mean accumulates in float64.
 """
 
 from __future__ import annotations
