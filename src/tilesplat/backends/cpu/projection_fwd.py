@@ -155,6 +155,9 @@ G_COV, G_MEAN, G_OP = 0, 6, 9  # covariance 6, mean 3, opacity
 N_IN = 10
 R_RX, R_RY, R_U, R_V, R_DEPTH, R_A, R_B, R_C, R_COMP = range(N_IN, N_IN + 9)
 N_ROWS = N_IN + 9
+# Scratch rows are BLOCK + PAD long: rows of exactly 4 KiB would put a column's values in one
+# set of the L1 cache, more of them than it has ways.
+PAD = 16
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -266,7 +269,7 @@ def forward_kernel(
     per_b = (n_g + BLOCK - 1) // BLOCK
     has_op = opacities.shape[0] > 0
     want_comp = comps.shape[0] > 0
-    blk = np.empty((N_ROWS, BLOCK), means.dtype)
+    blk = np.empty((N_ROWS, BLOCK + PAD), means.dtype)
     for item in range(first, n_b * per_b, step):
         b = item // per_b
         n0 = (item - b * per_b) * BLOCK
