@@ -268,24 +268,18 @@ def unsorted_kernel(order, box, high, tight, keep, box_first, tile_width, slot, 
 
 @njit(cache=True, error_model="numpy")
 def offset_kernel(isect_ids, tile_bits, n_tiles, offsets):
-    """offsets [I*T]: exclusive prefix sum of the per-tile counts of the sorted keys, after
-    the keys -1 (the unused slots of lists at a capacity, sorted first)."""
-    offsets[:] = 0
-    mask = (np.int64(1) << tile_bits) - 1
+    """offsets [I*T]: where each (image, tile)'s keys start in the sorted isect_ids (after the
+    keys -1, the unused slots of lists at a capacity, sorted first): a binary search per
+    tile for its first key, image << (32 + tile_bits) | tile << 32 (~0.1 ms where a count
+    pass over 1.5 M keys took 10)."""
     n_all = offsets.shape[0]
-    counts = np.zeros(n_all + 1, np.int64)
-    run = np.int64(0)
-    for j in range(isect_ids.shape[0]):
-        if isect_ids[j] < 0:
-            run += 1
-            continue
-        high = isect_ids[j] >> 32
-        flat = (high >> tile_bits) * n_tiles + (high & mask)
-        if flat < n_all:
-            counts[flat] += 1
+    starts = np.empty(n_all, np.int64)
     for t in range(n_all):
-        offsets[t] = run
-        run += counts[t]
+        img = t // n_tiles
+        starts[t] = ((np.int64(img) << tile_bits) | np.int64(t - img * n_tiles)) << 32
+    found = np.searchsorted(isect_ids, starts)
+    for t in range(n_all):
+        offsets[t] = found[t]
 
 
 # ---------------------------------------------------------------------------------------------
