@@ -16,7 +16,8 @@ A gather pass first stores what the others need of each Gaussian (its box of til
 but the tile, the tight lists' bound) at its position in that order, so that they read
 memory in order: the random reads in depth order had cost more than the passes' work. The
 tight lists then decide each (Gaussian, tile of its box) once, in order (``reach_kernel``:
-a span per tile row, ``shared.tiles``), into a byte per pair that the count and fill read.
+a span per tile row, ``shared.tiles``), list the tiles reached and count them for the sort;
+the fill reads those lists, not the boxes again.
 """
 
 from __future__ import annotations
@@ -154,14 +155,20 @@ def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, coni
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def reach_kernel(first, step, box, box_n, ell, width, height, tile_size, chunk, box_first, keep,
-                 kept):
-    """Chunks first, first + step, ... of positions: keep[box_first[i] + j] = 1 where the
-    alpha-threshold ellipse of ell[i] (:func:`gather_kernel`) reaches tile j of box[i]
-    (row-major; ``shared.tiles``, in float64: a span per tile row, two comparisons per tile),
-    else 0; kept [G] int64: how many it reaches."""
+def reach_kernel(first, step, box, box_n, ell, width, height, tile_size, chunk, box_first, high,
+                 tile_width, tile_height, tile_bits, tiles, kept, per_chunk):
+    """Chunks first, first + step, ... of positions: the tiles of box[i] (row-major) that the
+    alpha-threshold ellipse of ell[i] (:func:`gather_kernel`) reaches (``shared.tiles``, in
+    float64: a span per tile row, two comparisons per tile), listed as tile indices
+    ty * tile_width + tx at tiles[box_first[i]:box_first[i] + kept[i]]; kept [G] int64: how
+    many. Where per_chunk [n_chunks, I*T] has rows (sorted lists), it counts them as
+    :func:`count_kernel` does, so that no pass walks the boxes again."""
     n = box.shape[0]
+    n_tiles = tile_width * tile_height
+    count = per_chunk.shape[0] > 0
     for ch in range(first, (n + chunk - 1) // chunk, step):
+        if count:
+            per_chunk[ch, :] = 0
         for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
             kept[i] = 0
             if box_n[i] == 0:
@@ -176,31 +183,30 @@ def reach_kernel(first, step, box, box_n, ell, width, height, tile_size, chunk, 
             for ty in range(box[i, 2], box[i, 3]):
                 xl, xr = sm.row_span(a, b, c, level, x_half, y_half, my, ty, tile_size, height)
                 for tx in range(box[i, 0], box[i, 1]):
-                    hit = sm.tile_in_span(xl, xr, mx, tx, tile_size, width)
-                    keep[j] = hit
-                    hits += hit
-                    j += 1
+                    # written always, kept by advancing: no branch (hits <= the tile's place
+                    # in the box, so the slot is the Gaussian's)
+                    tiles[j + hits] = ty * tile_width + tx
+                    hits += sm.tile_in_span(xl, xr, mx, tx, tile_size, width)
             kept[i] = hits
+            if count:
+                row = (high[i] >> (32 + tile_bits)) * n_tiles
+                for h in range(j, j + hits):
+                    per_chunk[ch, row + tiles[h]] += 1
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def count_kernel(first, step, box, high, tight, keep, box_first, tile_width, tile_height,
-                 tile_bits, chunk, per_chunk):
+def count_kernel(first, step, box, high, tile_width, tile_height, tile_bits, chunk, per_chunk):
     """Chunks first, first + step, ... of positions: per_chunk [n_chunks, I*T] int64, how many
-    of the chunk's intersections fall in each (image, tile): every tile of box[i], or with
-    ``tight`` those keep marks (:func:`reach_kernel`)."""
+    of the chunk's intersections fall in each (image, tile): every tile of box[i]."""
     n = box.shape[0]
     n_tiles = tile_width * tile_height
     for ch in range(first, (n + chunk - 1) // chunk, step):
         per_chunk[ch, :] = 0
         for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
             base = (high[i] >> (32 + tile_bits)) * n_tiles
-            j = box_first[i] if tight else 0
             for ty in range(box[i, 2], box[i, 3]):
                 for tx in range(box[i, 0], box[i, 1]):
-                    if not tight or keep[j]:
-                        per_chunk[ch, base + ty * tile_width + tx] += 1
-                    j += 1
+                    per_chunk[ch, base + ty * tile_width + tx] += 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -219,48 +225,53 @@ def chunk_starts(per_chunk, tile_first):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def fill_kernel(first, step, order, box, high, tight, keep, box_first, tile_width, tile_height,
-                tile_bits, chunk, cursor, flatten_ids, isect_ids):
+def fill_kernel(first, step, order, box, high, tight, tiles, box_first, kept, tile_width,
+                tile_height, tile_bits, chunk, cursor, flatten_ids, isect_ids):
     """Counting sort by (image, tile) of the Gaussians in depth order, chunks first,
     first + step, ... of positions of ``order``: each chunk writes from its own slots
     cursor[ch] (``chunk_starts``), so every segment lists its Gaussians by (depth bits,
-    index), the reference's stable sort, whatever the thread count. Lists the tiles
-    :func:`count_kernel` counted. Writes flatten_ids [n] and isect_ids [n]
-    (image << (32 + tile_bits) | tile << 32 | depth bits)."""
+    index), the reference's stable sort, whatever the thread count. Lists every tile of
+    box[i], or with ``tight`` those :func:`reach_kernel` listed. Writes flatten_ids [n] and
+    isect_ids [n] (image << (32 + tile_bits) | tile << 32 | depth bits)."""
     n = box.shape[0]
     n_tiles = tile_width * tile_height
     for ch in range(first, (n + chunk - 1) // chunk, step):
         for i in range(ch * chunk, min(n, (ch + 1) * chunk)):
             g = order[i]
             base = (high[i] >> (32 + tile_bits)) * n_tiles
-            k = box_first[i] if tight else 0
+            if tight:
+                for h in range(box_first[i], box_first[i] + kept[i]):
+                    tile = np.int64(tiles[h])
+                    j = cursor[ch, base + tile]
+                    cursor[ch, base + tile] = j + 1
+                    flatten_ids[j] = g
+                    isect_ids[j] = high[i] | (tile << 32)
+                continue
             for ty in range(box[i, 2], box[i, 3]):
                 for tx in range(box[i, 0], box[i, 1]):
-                    k += 1
-                    if tight and not keep[k - 1]:
-                        continue
-                    tile = ty * tile_width + tx
-                    t = base + tile
-                    j = cursor[ch, t]
-                    cursor[ch, t] = j + 1
+                    tile = np.int64(ty * tile_width + tx)
+                    j = cursor[ch, base + tile]
+                    cursor[ch, base + tile] = j + 1
                     flatten_ids[j] = g
-                    isect_ids[j] = high[i] | (np.int64(tile) << 32)
+                    isect_ids[j] = high[i] | (tile << 32)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def unsorted_kernel(order, box, high, tight, keep, box_first, tile_width, slot, flatten_ids,
-                    isect_ids):
+def unsorted_kernel(order, box, high, tight, tiles, box_first, kept, tile_width, slot,
+                    flatten_ids, isect_ids):
     """Listing order (by Gaussian, then tile row-major) for sort=False, positions i being the
-    Gaussians order[i] in increasing order: each from its first slot ``slot`` [M]; the tiles
-    :func:`count_kernel` would count."""
+    Gaussians order[i] in increasing order: each from its first slot ``slot`` [M]; every tile
+    of box[i], or with ``tight`` those :func:`reach_kernel` listed."""
     for i in range(box.shape[0]):
         j = slot[i]
-        k = box_first[i] if tight else 0
+        if tight:
+            for h in range(box_first[i], box_first[i] + kept[i]):
+                flatten_ids[j] = order[i]
+                isect_ids[j] = high[i] | (np.int64(tiles[h]) << 32)
+                j += 1
+            continue
         for ty in range(box[i, 2], box[i, 3]):
             for tx in range(box[i, 0], box[i, 1]):
-                k += 1
-                if tight and not keep[k - 1]:
-                    continue
                 flatten_ids[j] = order[i]
                 isect_ids[j] = high[i] | (np.int64(ty * tile_width + tx) << 32)
                 j += 1
@@ -345,31 +356,31 @@ def _isect(
     opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
     parallel_for(gather_kernel, n_chunks, order, m, r, image_of, bits, con, opa, tight,
                  tile_size, tile_width, tile_height, t_bits, chunk, box, box_n, high, ell)
-    keep = np.empty(0, np.uint8)
+    tiles = np.empty(0, np.int32)
     box_first = np.empty(0, np.int64)
     kept = box_n
-    if tight:  # each (Gaussian, tile of its box) decided once
+    per_chunk = np.empty((n_chunks if sort else 0, n_images * n_tiles), np.int64)
+    if tight:  # each (Gaussian, tile of its box) decided once, the sorted lists counted
         box_first = np.cumsum(box_n) - box_n
-        keep = np.empty(int(box_n.sum()), np.uint8)
+        tiles = np.empty(int(box_n.sum()), np.int32)
         kept = np.empty(n_vis, np.int64)
         parallel_for(reach_kernel, n_chunks, box, box_n, ell, width, height, tile_size, chunk,
-                     box_first, keep, kept)
+                     box_first, high, tile_width, tile_height, t_bits, tiles, kept, per_chunk)
+    elif sort:
+        parallel_for(count_kernel, n_chunks, box, high, tile_width, tile_height, t_bits, chunk,
+                     per_chunk)
     n = int(kept.sum())
     flatten_ids = alloc((n,), torch.int32)
     isect_ids = alloc((n,), torch.int64)
     if sort:
-        per_chunk = np.empty((n_chunks, n_images * n_tiles), np.int64)
-        parallel_for(count_kernel, n_chunks, box, high, tight, keep, box_first, tile_width,
-                     tile_height, t_bits, chunk, per_chunk)
         tile_first = np.empty(n_images * n_tiles + 1, np.int64)
         chunk_starts(per_chunk, tile_first)
-        parallel_for(fill_kernel, n_chunks, order, box, high, tight, keep, box_first,
+        parallel_for(fill_kernel, n_chunks, order, box, high, tight, tiles, box_first, kept,
                      tile_width, tile_height, t_bits, chunk, per_chunk, view(flatten_ids),
                      view(isect_ids))
     else:
-        unsorted_kernel(order, box, high, tight, keep, box_first, tile_width,
-                        np.cumsum(kept) - kept,
-                        view(flatten_ids), view(isect_ids))
+        unsorted_kernel(order, box, high, tight, tiles, box_first, kept, tile_width,
+                        np.cumsum(kept) - kept, view(flatten_ids), view(isect_ids))
     counts = np.zeros(n_gauss, np.int32)
     counts[order] = kept  # by Gaussian; the culled ones 0
     return torch.from_numpy(counts).reshape(lead), isect_ids, flatten_ids
