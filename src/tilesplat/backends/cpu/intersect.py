@@ -115,8 +115,9 @@ def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, coni
     g = order[i]): what the later passes need of g, stored at i so that they read memory in
     order. box [G, 4] int32: its tiles [x0, x1) x [y0, y1) (none unless both radii > 0);
     box_n [G] int64: how many; high [G] int64: its key but the tile,
-    image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 6] (the data's type): its
-    conic, opacity and mean (a, b, c, opacity, mx, my), where its box is not empty."""
+    image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 8] float64: its
+    alpha-threshold ellipse (``shared.tiles.alpha_ellipse``: a', b, c', level, x_half,
+    y_half) and mean (mx, my), where its box is not empty."""
     n = order.shape[0]
     f_means = means2d.reshape(means2d.size)
     f_radii = radii.reshape(radii.size)
@@ -146,12 +147,13 @@ def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, coni
             box[i, 3] = y1
             box_n[i] = (x1 - x0) * (y1 - y0)
             if tight and box_n[i] > 0:
-                ell[i, 0] = conics[g, 0]
-                ell[i, 1] = conics[g, 1]
-                ell[i, 2] = conics[g, 2]
-                ell[i, 3] = opacities[g]
-                ell[i, 4] = means2d[g, 0]
-                ell[i, 5] = means2d[g, 1]
+                # the bound's arithmetic here, where the loads of the scattered Gaussians
+                # wait on memory anyway
+                ell[i, 0], ell[i, 1], ell[i, 2], ell[i, 3], ell[i, 4], ell[i, 5] = (
+                    sm.alpha_ellipse(np.float64(conics[g, 0]), np.float64(conics[g, 1]),
+                                     np.float64(conics[g, 2]), np.float64(opacities[g])))
+                ell[i, 6] = means2d[g, 0]
+                ell[i, 7] = means2d[g, 1]
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -173,11 +175,10 @@ def reach_kernel(first, step, box, box_n, ell, width, height, tile_size, chunk, 
             kept[i] = 0
             if box_n[i] == 0:
                 continue
-            a, b, c, level, x_half, y_half = sm.alpha_ellipse(
-                np.float64(ell[i, 0]), np.float64(ell[i, 1]), np.float64(ell[i, 2]),
-                np.float64(ell[i, 3]))
-            mx = np.float64(ell[i, 4])
-            my = np.float64(ell[i, 5])
+            a, b, c, level, x_half, y_half = (ell[i, 0], ell[i, 1], ell[i, 2], ell[i, 3],
+                                              ell[i, 4], ell[i, 5])
+            mx = ell[i, 6]
+            my = ell[i, 7]
             j = box_first[i]
             hits = 0
             for ty in range(box[i, 2], box[i, 3]):
@@ -351,7 +352,7 @@ def _isect(
     box = np.empty((n_vis, 4), np.int32)
     box_n = np.empty(n_vis, np.int64)
     high = np.empty(n_vis, np.int64)
-    ell = np.empty((n_vis if tight else 0, 6), m.dtype)
+    ell = np.empty((n_vis if tight else 0, 8), np.float64)
     con = view(conics.reshape(-1, 3)) if tight else np.empty((0, 3), m.dtype)
     opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
     parallel_for(gather_kernel, n_chunks, order, m, r, image_of, bits, con, opa, tight,
