@@ -204,16 +204,20 @@ def flagged(flags, k):
 def _by_gaussian(flatten_ids, keep, n_gauss):
     """The intersections k with keep[k] (every one where keep is empty), Gaussian by Gaussian
     (a stable counting sort): Gaussian g's are order[first[g]:first[g + 1]], in increasing
-    intersection order."""
+    intersection order. int32 (at most 2^31 - 1 intersections): the counts and cursors are
+    indexed at random, and half the bytes are half the cache misses (40 -> 33 ms at garden's
+    1 M)."""
+    if flatten_ids.shape[0] > 2147483647:
+        raise ValueError("the CPU backward takes at most 2^31 - 1 intersections per call")
     every = keep.shape[0] == 0
-    first = np.zeros(n_gauss + 1, np.int64)
+    first = np.zeros(n_gauss + 1, np.int32)
     for k in range(flatten_ids.shape[0]):
         if every or keep[k]:
             first[flatten_ids[k] + 1] += 1
     for g in range(n_gauss):
         first[g + 1] += first[g]
     cursor = first[:-1].copy()
-    order = np.empty(first[n_gauss], np.int64)
+    order = np.empty(first[n_gauss], np.int32)
     for k in range(flatten_ids.shape[0]):
         if every or keep[k]:
             g = flatten_ids[k]
