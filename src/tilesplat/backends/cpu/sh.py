@@ -109,12 +109,13 @@ def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, 
     bas = np.zeros(25, dirs.dtype)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for m in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            c = coeff_row(m, inner, reps)
             zero = like(dirs[m, 0], 0.0)
             r = zero
             g = zero
             b = zero
             if visible(masks, m):
+                # one evaluation row per coefficient row (the trainer's): no integer division
+                c = m if reps == 1 else coeff_row(m, inner, reps)
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 store_basis(bas, sm.sh_basis(degree, x, y, z))
                 r, g, b = sh_color(bas, n_basis, coeffs, rest, c, zero)
@@ -157,7 +158,7 @@ def backward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps,
     bas = np.zeros(25, dirs.dtype)
     for blk in range(first, (n + BLOCK - 1) // BLOCK, step):
         for c in range(blk * BLOCK, min(n, (blk + 1) * BLOCK)):
-            m0 = (c // inner) * (reps * inner) + c % inner
+            m0 = c if reps == 1 else (c // inner) * (reps * inner) + c % inner
             for i in range(reps):
                 m = m0 + i * inner
                 zero = like(dirs[m, 0], 0.0)
