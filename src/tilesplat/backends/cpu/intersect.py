@@ -108,17 +108,20 @@ GATHER_AHEAD = 16  # Gaussians of depth order fetched ahead by gather_kernel
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, conics, opacities,
-                  tight, tile_size, tile_width, tile_height, tile_bits, chunk, box, box_n, high,
-                  ell):
+def gather_kernel(first, step, order, means2d, radii, image_of, per_image, depth_bits, conics,
+                  opacities, tight, tile_size, tile_width, tile_height, tile_bits, chunk, box,
+                  box_n, high, ell):
     """Chunks first, first + step, ... of ``chunk`` positions i of ``order`` (Gaussian
     g = order[i]): what the later passes need of g, stored at i so that they read memory in
-    order. box [G, 4] int32: its tiles [x0, x1) x [y0, y1) (none unless both radii > 0);
+    order. Gaussian g's image: image_of[g] (packed), else g // per_image (0 where
+    per_image covers every Gaussian). box [G, 4] int32: its tiles [x0, x1) x [y0, y1) (none
+    unless both radii > 0);
     box_n [G] int64: how many; high [G] int64: its key but the tile,
     image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 8] float64: its
     alpha-threshold ellipse (``shared.tiles.alpha_ellipse``: a', b, c', level, x_half,
     y_half) and mean (mx, my), where its box is not empty."""
     n = order.shape[0]
+    n_all = means2d.shape[0]
     f_means = means2d.reshape(means2d.size)
     f_radii = radii.reshape(radii.size)
     f_conics = conics.reshape(conics.size)
@@ -129,13 +132,18 @@ def gather_kernel(first, step, order, means2d, radii, image_of, depth_bits, coni
                 h = order[i + GATHER_AHEAD]
                 prefetch(f_means, 2 * h)
                 prefetch(f_radii, 2 * h)
-                prefetch(image_of, h)
+                if image_of.shape[0] > 0:
+                    prefetch(image_of, h)
                 prefetch(depth_bits, h)
                 if tight:
                     prefetch(f_conics, 3 * h)
                     prefetch(opacities, h)
             g = order[i]
-            high[i] = (np.int64(image_of[g]) << (32 + tile_bits)) | (
+            if image_of.shape[0] > 0:
+                img = np.int64(image_of[g])
+            else:
+                img = g // per_image if per_image < n_all else np.int64(0)
+            high[i] = (img << (32 + tile_bits)) | (
                 np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
             x0 = x1 = y0 = y1 = 0
             if radii[g, 0] > 0 and radii[g, 1] > 0:
@@ -328,11 +336,11 @@ def _isect(
     m = view(means2d.reshape(-1, 2))
     r = view(radii.reshape(-1, 2))
     n_gauss = m.shape[0]
+    per_image = max(means2d.shape[-2] if means2d.dim() == 3 else n_gauss, 1)
     if image_ids is not None:
         image_of = view(image_ids.to(torch.int64))
     else:
-        per_image = means2d.shape[-2] if means2d.dim() == 3 else n_gauss
-        image_of = np.arange(n_gauss, dtype=np.int64) // max(per_image, 1)
+        image_of = np.empty(0, np.int64)  # g // per_image, in the kernel (no [G] array)
     bits = view(depths.reshape(-1).to(torch.float32).contiguous().view(torch.int32))
     n_tiles = tile_width * tile_height
     t_bits = n_tiles.bit_length()
@@ -355,8 +363,8 @@ def _isect(
     ell = np.empty((n_vis if tight else 0, 8), np.float64)
     con = view(conics.reshape(-1, 3)) if tight else np.empty((0, 3), m.dtype)
     opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
-    parallel_for(gather_kernel, n_chunks, order, m, r, image_of, bits, con, opa, tight,
-                 tile_size, tile_width, tile_height, t_bits, chunk, box, box_n, high, ell)
+    parallel_for(gather_kernel, n_chunks, order, m, r, image_of, per_image, bits, con, opa,
+                 tight, tile_size, tile_width, tile_height, t_bits, chunk, box, box_n, high, ell)
     tiles = np.empty(0, np.int32)
     box_first = np.empty(0, np.int64)
     kept = box_n
