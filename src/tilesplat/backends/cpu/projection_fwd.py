@@ -70,55 +70,15 @@ def in_depth_range(depth, near, far):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def project_one(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height, eps2d, near,
-                far, radius_clip, model):
-    """One Gaussian in one camera, from scalars and tuples only.
-
-    Returns (valid, rx, ry, u, v, depth, conic a, b, c, compensation); rx, ry, u, v, the conic
-    and the compensation are 0 when not valid.
-    """
-    zero = like(mx, 0.0)
-    mc = camera_mean(r, t, mx, my, mz)
-    depth = mc[2]
-    if not in_depth_range(depth, near, far):
-        return False, zero, zero, zero, zero, depth, zero, zero, zero, zero
-    cc = sm.transform_covar(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
-                            cov[0], cov[1], cov[2], cov[3], cov[4], cov[5])
-    u, v, j = sm.project(model, mc[0], mc[1], mc[2], k[0], k[1], k[2], k[3], width, height)
-    c00, c01, c11 = sm.project_covar(j[0], j[1], j[2], j[3], j[4], j[5], cc[0], cc[1], cc[2],
-                                     cc[3], cc[4], cc[5])
-    e00, e11, det_orig, det = sm.add_blur(c00, c01, c11, eps2d)
-    det_raw = e00 * e11 - c01 * c01
-    valid = det_raw > zero
-    comp = zero
-    if valid:
-        ratio = det_orig / det
-        comp = math.sqrt(ratio) if ratio > zero else zero
-    extend = like(mx, RADIUS_SIGMAS)
-    if has_op:
-        if want_comp:
-            op = op * comp
-        valid = valid & (op >= like(mx, ALPHA_SKIP))
-        ratio_op = max(op / like(mx, ALPHA_SKIP), like(mx, 1.0))
-        extend = min(extend, math.sqrt(like(mx, 2.0) * math.log(ratio_op)))
-    rx = like(mx, math.ceil(extend * math.sqrt(max(e00, zero))))
-    ry = like(mx, math.ceil(extend * math.sqrt(max(e11, zero))))
-    valid = valid and not (rx <= radius_clip and ry <= radius_clip)
-    valid = valid & (u + rx > zero) & (u - rx < like(mx, width))
-    valid = valid & (v + ry > zero) & (v - ry < like(mx, height))
-    if not valid:
-        return False, zero, zero, zero, zero, depth, zero, zero, zero, zero
-    a_, b_, c_ = sm.conic_from_covar2d(e00, c01, e11, det)
-    return True, rx, ry, u, v, depth, a_, b_, c_, comp
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def project_lane(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height, eps2d, near,
                  far, radius_clip, model):
-    """:func:`project_one` without a branch on the Gaussian (the same values, each operation
-    the same): every quantity is computed and the outputs are selected by the validity, so a
-    loop over Gaussians of it vectorises. Returns (rx, ry, u, v, depth, conic a, b, c,
-    compensation), 0 (but the depth) where not valid."""
+    """One Gaussian in one camera, from scalars and tuples only, the reference's projection
+    and culling (``backends/torch/projection.py``): valid where the depth is in (near, far),
+    the blurred 2D covariance is positive definite, the opacity (times the compensation when
+    wanted) is >= ALPHA_SKIP, a radius exceeds radius_clip and the box meets the image.
+    Branch-free on the Gaussian: every quantity is computed and the outputs are selected by
+    the validity, so a loop over Gaussians of it vectorises. Returns (rx, ry, u, v, depth,
+    conic a, b, c, compensation), 0 (but the depth) where not valid."""
     zero = like(mx, 0.0)
     mc = camera_mean(r, t, mx, my, mz)
     depth = mc[2]
