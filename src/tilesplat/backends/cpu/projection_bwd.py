@@ -13,7 +13,7 @@ from numba import njit
 
 from ..shared.typed import like
 from ._common import sm
-from .projection_fwd import PAD, load_camera, load_covar, to_camera
+from .projection_fwd import G_COV, G_MEAN, PAD, load_camera, load_gaussians, to_camera
 
 CHUNK = 1024  # Gaussians per work item (fixed: the v_viewmats sum order depends on it)
 
@@ -48,7 +48,7 @@ def backward_one(mx, my, mz, cov, r, t, k, width, height, eps2d, model, vu, vv, 
 
 # Rows of a chunk's scratch (``backward_kernel``): the inputs, one camera's upstream
 # gradients, the sums over the cameras, one camera's shares of v_viewmats, the results.
-B_COV, B_MEAN = 0, 6  # world covariance 6, mean 3
+B_COV, B_MEAN = G_COV, G_MEAN  # world covariance 6, mean 3 (``load_gaussians``)
 B_VIS = 9  # 1 where the current camera sees the Gaussian (both radii > 0), else 0
 B_VU, B_VV, B_VD, B_VA, B_VB, B_VC, B_VCOMP = range(10, 17)
 B_GM, B_GS, B_SEEN = 17, 20, 26  # d loss / d mean 3, d loss / d world covariance 6, any camera
@@ -61,26 +61,11 @@ N_BROWS = 46
 
 @njit(cache=True, inline="always", error_model="numpy")
 def load_chunk(means, covars, quats, scales, b, n0, n1, blk):
-    """blk[B_COV, B_MEAN rows, n - n0] for Gaussians n0 <= n < n1 of batch b; the sums and
-    B_SEEN zeroed."""
-    # unsigned indices: NumPy's wrap-around of negative ones would keep LLVM from seeing
-    # contiguous accesses
-    u0, u1 = np.uint64(n0), np.uint64(n1)
-    if covars.shape[0] > 0:
-        for n in range(u0, u1):
-            for e in range(6):
-                blk[B_COV + e, n - u0] = covars[b, n, e]
-    else:
-        for n in range(u0, u1):
-            c6 = load_covar(covars, quats, scales, b, n)
-            i = n - u0
-            blk[0, i], blk[1, i], blk[2, i] = c6[0], c6[1], c6[2]
-            blk[3, i], blk[4, i], blk[5, i] = c6[3], c6[4], c6[5]
-    for n in range(u0, u1):
-        for e in range(3):
-            blk[B_MEAN + e, n - u0] = means[b, n, e]
+    """blk[B_COV, B_MEAN rows, n - n0] for Gaussians n0 <= n < n1 of batch b
+    (``projection_fwd.load_gaussians``: the same rows); the sums and B_SEEN zeroed."""
+    load_gaussians(means, covars, quats, scales, b, n0, n1, blk)
     for row in range(B_GM, B_SEEN + 1):
-        for i in range(u1 - u0):
+        for i in range(np.uint64(n1 - n0)):
             blk[row, i] = 0.0
 
 

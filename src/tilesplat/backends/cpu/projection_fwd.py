@@ -22,17 +22,6 @@ from ._common import BLOCK, sm
 # kernels
 
 
-@njit(cache=True, inline="always", error_model="numpy")
-def load_covar(covars, quats, scales, b, n):
-    """The world covariance (symmetric 6-tuple) of Gaussian (b, n)."""
-    if covars.shape[0] > 0:
-        return (covars[b, n, 0], covars[b, n, 1], covars[b, n, 2], covars[b, n, 3],
-                covars[b, n, 4], covars[b, n, 5])
-    return sm.quat_scale_to_covar(quats[b, n, 0], quats[b, n, 1], quats[b, n, 2],
-                                  quats[b, n, 3], scales[b, n, 0], scales[b, n, 1],
-                                  scales[b, n, 2])
-
-
 @njit(cache=True, error_model="numpy")
 def load_camera(viewmats, Ks, b, c):
     """(R 9-tuple, t 3-tuple, (fx, fy, cx, cy)) of camera (b, c)."""
@@ -121,9 +110,10 @@ PAD = 16
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def load_block(means, covars, quats, scales, opacities, b, n0, n1, blk):
-    """blk[G_*, n - n0] = the world covariance (symmetric 6-tuple), mean and opacity (1 where
-    there are none) of Gaussian (b, n), n0 <= n < n1, in loops of their own (they vectorise)."""
+def load_gaussians(means, covars, quats, scales, b, n0, n1, blk):
+    """blk[0..5, n - n0] = the world covariance (symmetric 6-tuple) and blk[6..8, n - n0] the
+    mean of Gaussian (b, n), n0 <= n < n1, in loops of their own (they vectorise); the
+    backward's scratch has the same first rows."""
     # unsigned indices: NumPy's wrap-around of negative ones would keep LLVM from seeing
     # contiguous accesses
     u0, u1 = np.uint64(n0), np.uint64(n1)
@@ -142,6 +132,13 @@ def load_block(means, covars, quats, scales, opacities, b, n0, n1, blk):
     for n in range(u0, u1):
         for e in range(3):
             blk[G_MEAN + e, n - u0] = means[b, n, e]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def load_block(means, covars, quats, scales, opacities, b, n0, n1, blk):
+    """:func:`load_gaussians`, and blk[G_OP, n - n0] the opacity (1 where there are none)."""
+    load_gaussians(means, covars, quats, scales, b, n0, n1, blk)
+    u0, u1 = np.uint64(n0), np.uint64(n1)
     if opacities.shape[0] > 0:
         for n in range(u0, u1):
             blk[G_OP, n - u0] = opacities[b, n]

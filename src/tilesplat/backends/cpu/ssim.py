@@ -275,7 +275,8 @@ def backward_kernel(first, step, x, y, w, maps, n_blocks, scale, want_x, want_y,
             for m in range(n_maps):
                 mid = pad[m, k - 1:k - 1 + wo]
                 if k == 11 and t_lo == 0 and t_hi == k - 1:
-                    _transposed_column11(maps, p, m, q, w, mid)
+                    # rows q - 10 .. q with the reversed window: t = 10 .. 0, the same order
+                    _filter_column11(maps[p, m, q - 10:q + 1], wr, mid)
                 else:
                     _transposed_column(maps, p, m, q, t_lo, t_hi, w, mid)
                 if k == 11:
@@ -305,31 +306,6 @@ def _transposed_column(maps, p, m, q, t_lo, t_hi, w, dst):
         row = maps[p, m, q - t]
         for j in range(n):
             dst[j] += wt * row[j]
-
-
-@njit(cache=True, error_model="numpy")
-def _transposed_column11(maps, p, m, q, w, dst):
-    """:func:`_transposed_column` for a window of 11 taps and all of them (t = 10 .. 0), in
-    the same order, unrolled."""
-    w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10 = (w[0], w[1], w[2], w[3], w[4], w[5], w[6],
-                                                   w[7], w[8], w[9], w[10])
-    r0, r1, r2, r3 = maps[p, m, q], maps[p, m, q - 1], maps[p, m, q - 2], maps[p, m, q - 3]
-    r4, r5, r6, r7 = maps[p, m, q - 4], maps[p, m, q - 5], maps[p, m, q - 6], maps[p, m, q - 7]
-    r8, r9, r10 = maps[p, m, q - 8], maps[p, m, q - 9], maps[p, m, q - 10]
-    zero = like(w0, 0.0)
-    for j in range(dst.shape[0]):
-        acc = zero + w10 * r10[j]
-        acc += w9 * r9[j]
-        acc += w8 * r8[j]
-        acc += w7 * r7[j]
-        acc += w6 * r6[j]
-        acc += w5 * r5[j]
-        acc += w4 * r4[j]
-        acc += w3 * r3[j]
-        acc += w2 * r2[j]
-        acc += w1 * r1[j]
-        acc += w0 * r0[j]
-        dst[j] = acc
 
 
 # ---------------------------------------------------------------------------------------------
