@@ -99,7 +99,7 @@ def backward_chunk(blk, count, r, t, k, width, height, eps2d, model, calc_comp, 
     """One camera (r, t, k) of the chunk's first ``count`` Gaussians: adds what it sees of
     them to the B_GM and B_GS sums (+0 where it does not see one: the sums stay those of the
     cameras that do, bit for bit), and (want_vm) writes B_G and B_VR. Branch-free over the
-    Gaussians and on one array, so it vectorises; model: a constant where this is inlined."""
+    Gaussians and on one array, so it vectorises; model: a constant in the pinhole's own loop."""
     for i in range(np.uint64(count)):
         zero = like(blk[0, i], 0.0)
         vis = blk[B_VIS, i] > zero
@@ -215,12 +215,11 @@ def backward_kernel(
         for c in range(n_c):
             load_camera_rows(radii, v_means2d, v_depths, v_conics, v_comps, b, c, n0, n1, blk)
             r, t, k = load_camera(viewmats, Ks, b, c)
-            if model == 1:
-                backward_chunk(blk, count, r, t, k, width, height, eps2d, 1, calc_comp, want_vm)
-            elif model == 2:
-                backward_chunk(blk, count, r, t, k, width, height, eps2d, 2, calc_comp, want_vm)
-            else:
+            if model == 0:  # the first camera model (pinhole): its own loop, vectorised
                 backward_chunk(blk, count, r, t, k, width, height, eps2d, 0, calc_comp, want_vm)
+            else:  # any other registered model, dispatched per Gaussian
+                backward_chunk(blk, count, r, t, k, width, height, eps2d, model, calc_comp,
+                               want_vm)
             if want_vm:
                 add_viewmat_shares(blk, count, vm_part, ch, c)
         u0, u1 = np.uint64(n0), np.uint64(n1)

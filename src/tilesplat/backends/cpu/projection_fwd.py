@@ -153,7 +153,7 @@ def project_block(blk, count, r, t, k, has_op, want_comp, width, height, eps2d, 
     """The first ``count`` Gaussians of the block in one camera (r, t, k): from blk's G_* rows
     into its R_* rows, in one loop over one array (each extra array it wrote needed LLVM's
     run-time alias checks, past whose limit it did not vectorise). model: a constant where this
-    is inlined (each camera model its own loop)."""
+    is inlined for the pinhole's own loop."""
     for i in range(np.uint64(count)):
         cov6 = (blk[0, i], blk[1, i], blk[2, i], blk[3, i], blk[4, i], blk[5, i])
         rx, ry, u, v, depth, ca, cb, cc, comp = project_lane(
@@ -216,8 +216,10 @@ def forward_kernel(
     comps [B,C,N] or [0,0,0]. Outputs radii [B,C,N,2], means2d, depths, conics.
 
     A block's inputs go to rows of a scratch array first (:func:`load_block`); then each
-    camera runs one branch-free loop over the block (:func:`project_lane`), one loop per
-    camera model, which LLVM vectorises, and its results are stored. Arrays are read and
+    camera runs one branch-free loop over the block (:func:`project_lane`), which LLVM
+    vectorises (the first camera model, pinhole, has a loop of its own with the model a
+    constant; the others, any registered one, dispatch per Gaussian), and its results are
+    stored. Arrays are read and
     written here, in the kernel: a compiled function that takes an array argument increments
     and decrements its reference count (an atomic on memory the threads share) on every
     call."""
@@ -234,13 +236,10 @@ def forward_kernel(
         load_block(means, covars, quats, scales, opacities, b, n0, n1, blk)
         for c in range(n_c):
             r, t, k = load_camera(viewmats, Ks, b, c)
-            if model == 1:
-                project_block(blk, n1 - n0, r, t, k, has_op, want_comp, width, height, eps2d,
-                              near, far, radius_clip, 1)
-            elif model == 2:
-                project_block(blk, n1 - n0, r, t, k, has_op, want_comp, width, height, eps2d,
-                              near, far, radius_clip, 2)
-            else:
+            if model == 0:  # the first camera model (pinhole): its own loop, vectorised
                 project_block(blk, n1 - n0, r, t, k, has_op, want_comp, width, height, eps2d,
                               near, far, radius_clip, 0)
+            else:  # any other registered model, dispatched per Gaussian
+                project_block(blk, n1 - n0, r, t, k, has_op, want_comp, width, height, eps2d,
+                              near, far, radius_clip, model)
             store_block(blk, b, c, n0, n1, radii, means2d, depths, conics, comps)
