@@ -3,6 +3,7 @@ reference and the CPU kernel against finite differences, the CPU kernel across t
 the errors."""
 
 import numba
+import numpy as np
 import pytest
 import torch
 
@@ -71,7 +72,8 @@ def test_other_windows():
 
 
 def test_eleven_tap_filters_are_the_general_filters():
-    """The unrolled 11-tap filters of the CPU kernel sum in the general filters' order: the
+    """The unrolled 11-tap filters of the CPU kernel sum in the general filters' order, and the
+    backward's full transposed column is the column filter with the window reversed: the
     same bits, in both dtypes."""
     from tilesplat.backends.cpu import ssim as kernels
 
@@ -79,15 +81,20 @@ def test_eleven_tap_filters_are_the_general_filters():
     for dtype in (torch.float32, torch.float64):
         w = torch.rand(11, generator=g, dtype=dtype).numpy()
         src = (torch.rand(50, generator=g, dtype=dtype) - 0.5).numpy()
-        want, got = src[:40].copy() * float("nan"), src[:40].copy() * float("nan")
-        kernels._filter_row(src, w, want)
-        kernels._filter_row11(src, w, got)
-        assert (want == got).all()
         rows = torch.rand(11, 40, generator=g, dtype=dtype).numpy()
-        kernels._filter_column(rows, w, want)
-        kernels._filter_column11(rows, w, got)
-        assert (want == got).all()
         maps = torch.rand(2, 3, 30, 40, generator=g, dtype=dtype).numpy()
-        kernels._transposed_column(maps, 1, 2, 20, 0, 10, w, want)
-        kernels._filter_column11(maps[1, 2, 10:21], w[::-1].copy(), got)  # the backward's
-        assert (want == got).all()
+        w7 = w[:7].copy()  # any other window: the same order through the general filter
+        r10, r7 = w[::-1].copy(), w7[::-1].copy()
+        pairs = (  # (the general filter, its arguments), (the other, its arguments)
+            ((kernels._filter_row_any, (src, w)), (kernels._filter_row11, (src, w))),
+            ((kernels._filter_column_any, (rows, w)), (kernels._filter_column11, (rows, w))),
+            ((kernels._transposed_column, (maps, 1, 2, 20, 0, 10, w)),  # the backward's
+             (kernels._filter_column11, (maps[1, 2, 10:21], r10))),
+            ((kernels._transposed_column, (maps, 1, 2, 20, 0, 6, w7)),
+             (kernels._filter_column_any, (maps[1, 2, 14:21], r7))),
+        )
+        for (general, g_args), (other, o_args) in pairs:
+            want, got = np.full(40, np.nan, src.dtype), np.full(40, np.nan, src.dtype)
+            general(*g_args, want)
+            other(*o_args, got)
+            assert (want == got).all()

@@ -50,7 +50,27 @@ MAP_MU_X, MAP_VAR, MAP_COV, MAP_MU_Y = 0, 1, 2, 3
 
 @njit(cache=True, error_model="numpy")
 def _filter_row(src, w, dst):
-    """dst[j] = Σ_t w[t] src[j + t] (a 'valid' correlation; dst [n], src [n + k - 1])."""
+    """dst[j] = Σ_t w[t] src[j + t] (a 'valid' correlation; dst [n], src [n + k - 1]), the
+    taps in order: :func:`_filter_row11` for 11 of them, else :func:`_filter_row_any`."""
+    if w.shape[0] == 11:
+        _filter_row11(src, w, dst)
+    else:
+        _filter_row_any(src, w, dst)
+
+
+@njit(cache=True, error_model="numpy")
+def _filter_column(rows, w, dst):
+    """dst[j] = Σ_t w[t] rows[t, j] (the vertical half; rows [k, n], dst [n]), the taps in
+    order: :func:`_filter_column11` for 11 of them, else :func:`_filter_column_any`."""
+    if w.shape[0] == 11:
+        _filter_column11(rows, w, dst)
+    else:
+        _filter_column_any(rows, w, dst)
+
+
+@njit(cache=True, error_model="numpy")
+def _filter_row_any(src, w, dst):
+    """:func:`_filter_row` for any number of taps (the taps outside the loop)."""
     n = dst.shape[0]
     for j in range(n):
         dst[j] = 0.0
@@ -61,8 +81,8 @@ def _filter_row(src, w, dst):
 
 
 @njit(cache=True, error_model="numpy")
-def _filter_column(rows, w, dst):
-    """dst[j] = Σ_t w[t] rows[t, j] (the vertical half; rows [k, n], dst [n])."""
+def _filter_column_any(rows, w, dst):
+    """:func:`_filter_column` for any number of taps (the taps outside the loop)."""
     n = dst.shape[0]
     for j in range(n):
         dst[j] = 0.0
@@ -230,17 +250,11 @@ def forward_kernel(first, step, x, y, w, n_blocks, n_maps, maps, sums):
                 src[3, j] = yv * yv
                 src[4, j] = xv * yv
             for m in range(5):
-                if k == 11:
-                    _filter_row11(src[m], w, hbuf[m, i])
-                else:
-                    _filter_row(src[m], w, hbuf[m, i])
+                _filter_row(src[m], w, hbuf[m, i])
         acc = 0.0
         for o in range(o0, o1):
             for m in range(5):
-                if k == 11:
-                    _filter_column11(hbuf[m, o - o0:o - o0 + k], w, mom[m])
-                else:
-                    _filter_column(hbuf[m, o - o0:o - o0 + k], w, mom[m])
+                _filter_column(hbuf[m, o - o0:o - o0 + k], w, mom[m])
             _ssim_row(mom, srow, maps, p, o, n_maps)
             acc += _row_sum(srow)
         sums[item] = acc
@@ -274,15 +288,13 @@ def backward_kernel(first, step, x, y, w, maps, n_blocks, scale, want_x, want_y,
             t_hi = min(k - 1, q)
             for m in range(n_maps):
                 mid = pad[m, k - 1:k - 1 + wo]
-                if k == 11 and t_lo == 0 and t_hi == k - 1:
-                    # rows q - 10 .. q with the reversed window: t = 10 .. 0, the same order
-                    _filter_column11(maps[p, m, q - 10:q + 1], wr, mid)
+                if t_lo == 0 and t_hi == k - 1:
+                    # rows q - k + 1 .. q with the reversed window: t = k - 1 .. 0, the same
+                    # order (and the unrolled filter for 11 taps)
+                    _filter_column(maps[p, m, q - k + 1:q + 1], wr, mid)
                 else:
                     _transposed_column(maps, p, m, q, t_lo, t_hi, w, mid)
-                if k == 11:
-                    _filter_row11(pad[m], wr, g[m])
-                else:
-                    _filter_row(pad[m], wr, g[m])
+                _filter_row(pad[m], wr, g[m])
             for j in range(wd):
                 xv = x[b, q, j, ch] - shift
                 yv = y[b, q, j, ch] - shift
