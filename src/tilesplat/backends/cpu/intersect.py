@@ -115,8 +115,7 @@ def gather_kernel(first, step, order, means2d, radii, image_of, per_image, depth
     g = order[i]): what the later passes need of g, stored at i so that they read memory in
     order. Gaussian g's image: image_of[g] (packed), else g // per_image (0 where
     per_image covers every Gaussian). box [G, 4] int32: its tiles [x0, x1) x [y0, y1) (none
-    unless both radii > 0);
-    box_n [G] int64: how many; high [G] int64: its key but the tile,
+    unless both radii > 0); box_n [G] int64: how many; high [G] int64: its key but the tile,
     image << (32 + tile_bits) | depth bits; with ``tight``, ell [G, 8] float64: its
     alpha-threshold ellipse (``shared.tiles.alpha_ellipse``: a', b, c', level, x_half,
     y_half) and mean (mx, my), where its box is not empty."""

@@ -92,11 +92,9 @@ def project_lane(mx, my, mz, cov, r, t, k, op, has_op, want_comp, width, height,
     valid = valid & (u + rx > zero) & (u - rx < like(mx, width))
     valid = valid & (v + ry > zero) & (v - ry < like(mx, height))
     a_, b_, c_ = sm.conic_from_covar2d(e00, c01, e11, det)
-    if not valid:
-        comp = zero
     return (rx if valid else zero, ry if valid else zero, u if valid else zero,
             v if valid else zero, depth, a_ if valid else zero, b_ if valid else zero,
-            c_ if valid else zero, comp)
+            c_ if valid else zero, comp if valid else zero)
 
 
 # rows of a block's scratch (``forward_kernel``): its inputs, then one camera's results
@@ -219,10 +217,9 @@ def forward_kernel(
     camera runs one branch-free loop over the block (:func:`project_lane`), which LLVM
     vectorises (the first camera model, pinhole, has a loop of its own with the model a
     constant; the others, any registered one, dispatch per Gaussian), and its results are
-    stored. Arrays are read and
-    written here, in the kernel: a compiled function that takes an array argument increments
-    and decrements its reference count (an atomic on memory the threads share) on every
-    call."""
+    stored. Arrays are read and written here, in the kernel: a compiled function that takes
+    an array argument increments and decrements its reference count (an atomic on memory the
+    threads share) on every call."""
     n_b, n_g = means.shape[0], means.shape[1]
     n_c = viewmats.shape[1]
     per_b = (n_g + BLOCK - 1) // BLOCK
