@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 from ...constants import ALPHA_CLAMP, ALPHA_SKIP, PIXEL_CENTER, TRANSMITTANCE_STOP
-from ..shared.typed import like
+from ..shared.typed import fma, like
 from ._common import sm, tile_span
 from .cull import gather_tile
 from .rasterize_saved import GROUP_PIXELS, SUB_PIXELS
@@ -122,10 +122,23 @@ def blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k, px, py, live, tran
                 bit = np.uint32(1) if weight[p] > zero else np.uint32(0)
                 groups |= bit << np.uint32(p // np.uint64(GROUP_PIXELS))
             flags[k32, sub] = np.uint8(groups)
-        for d in range(n_ch):  # + 0 where nothing hit: exact (acc is never -0)
-            cd = np.float64(loc[j, 6 + d])
+        # + 0 where nothing hit: exact (acc is never -0). RGB in one loop, one conversion of
+        # the weight for three fused adds (exact products of float32 in float64: the same sums
+        # as a multiply and an add; the forward ~8 % faster at 1 M Gaussians)
+        if n_ch == 3:
+            c0 = np.float64(loc[j, 6])
+            c1 = np.float64(loc[j, 7])
+            c2 = np.float64(loc[j, 8])
             for p in range(p0, p1):
-                acc[d, p] += np.float64(weight[p]) * cd
+                w = np.float64(weight[p])
+                acc[0, p] = fma(w, c0, acc[0, p])
+                acc[1, p] = fma(w, c1, acc[1, p])
+                acc[2, p] = fma(w, c2, acc[2, p])
+        else:
+            for d in range(n_ch):
+                cd = np.float64(loc[j, 6 + d])
+                for p in range(p0, p1):
+                    acc[d, p] += np.float64(weight[p]) * cd
         if n_live == 0:
             break
 
