@@ -63,6 +63,12 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: 
     from tilesplat.train.step.optimization import StepPlan, optimization_step
 
     registry._load("cpu")
+    try:  # as the trainer does (trees from before it have no such module)
+        from tilesplat.backends.cpu.heap import keep_freed_heap
+    except ImportError:
+        pass
+    else:
+        keep_freed_heap()
     times: dict[str, float] = {}  # wall ms, and CPU ms as "cpu:" + name
 
     def add(name, t0, c0):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..backends.cpu.heap import keep_freed_heap
 from ..constants import TILE_SIZE
 from ..data.scenes import Scene
 from .arms import Arm, parse_arms
@@ -108,6 +109,7 @@ def run_bench(
         threads: Numba and torch threads for the run (None: as configured).
         hook: test hook called with each arm's first warm-up pass (see :mod:`.parity`).
     """
+    keep_freed_heap()  # as the trainer does (its steps' freed tensors stay mapped)
     workload = open_workload(scene)  # a bench scene, or a run replayed by the trainer's step
     sh_degree, tile_size = workload.settings(sh_degree, tile_size)
     counts = workload.counts

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...backends.cpu.heap import keep_freed_heap
 from ...data.dataset import SceneDataset
 from ...data.pixels import prefetch
 from ...devices import to_device
@@ -106,6 +107,7 @@ class Trainer:
                 f"batch_size > 1 needs training images of one size, got {sorted(sizes)}"
             )
         self.device = training_device(cfg)
+        keep_freed_heap()  # a step's freed tensors stay mapped for the next step
         apply_determinism(cfg, self.device)  # the cuda backend's option for the key
         self.background = torch.tensor(dataset.background, dtype=torch.float32).to(self.device)
         self.train_frames = device_frames(dataset.train, self.device)

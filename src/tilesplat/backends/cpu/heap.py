@@ -1,0 +1,47 @@
+"""glibc's heap kept for a training process: freed memory stays mapped for the next step.
+
+glibc adjusts two thresholds as a process runs. A freed block larger than the ``mmap``
+threshold raises it (up to 32 MiB), and the heap's free top is returned to the kernel once it
+exceeds twice that threshold. A training step at 1 M Gaussians frees ~100 MB of tensors of
+1-30 MB each (projection and rasterizer outputs, their gradients): in some steps the top is
+trimmed, the next step faults the same memory in again page by page, and that step costs
+~20,000 page faults and ~100 ms more (docs/benchmarks.md). :func:`keep_freed_heap` fixes the
+thresholds: blocks up to 32 MiB come from the heap (larger ones are ``mmap``'d as before and
+pooled by ``buffer_pool``), and up to :data:`TRIM_BYTES` of free heap stay mapped. No value
+changes, and the peak is the peak the process reached anyway: only memory already freed is
+kept, and it is handed out again by the next allocations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_BYTES = 32 << 20  # glibc's largest dynamic mmap threshold (64-bit)
+TRIM_BYTES = 1 << 30  # free heap kept before glibc returns its top to the kernel
+USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                 "MALLOC_MMAP_MAX_")
+
+
+@functools.cache
+def keep_freed_heap() -> bool:
+    """Sets glibc's ``mmap`` threshold to :data:`MMAP_BYTES` and its trim threshold to
+    :data:`TRIM_BYTES`, once per process. Returns whether they were set: not on a system
+    without glibc's ``mallopt`` (macOS, Windows, musl), and not where the user set one of
+    glibc's ``MALLOC_*_`` variables (theirs win)."""
+    if not sys.platform.startswith("linux") or any(os.environ.get(k) for k in USER_SETTINGS):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # both, in this order: setting either one stops glibc's adjustment of the other, and the
+    # mmap threshold would stay at its 128 KiB start
+    return mallopt(M_MMAP_THRESHOLD, MMAP_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD,
+                                                                   TRIM_BYTES) == 1
