@@ -194,3 +194,32 @@ def test_per_splat_float32_near_saturation(backend):
                           for a, e in zip(got, exact, strict=True))
     assert err["per_splat"] < 5e-5, err
     assert err["per_splat"] < 4 * err["per_pixel"] + 1e-6, err
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_deep_tile_lists_match_reference(backend, scheme):
+    """Tiles of 700-2,000 intersections at opacities up to 0.3: the CPU forward gathers a list
+    GATHER_CHUNK intersections at a time, and here the slices of a tile stop in different
+    chunks and some tiles stop long before their list's end (a list's tail is never gathered).
+    """
+    if simulated(backend):
+        pytest.skip("the simulator's cost is per thread: the shallow lists above cover it")
+    from tilesplat.backends.cpu.rasterize_fwd import GATHER_CHUNK
+
+    W, H, ts = 40, 20, 16
+    m, q, c, o, offsets, flat = _splats((1,), 3000, W, H, ts, seed=1, opacity=0.3)
+    masks = torch.ones(offsets.shape, dtype=torch.bool)
+    masks[0, 1, 2] = False
+    fn = _raster(W, H, ts, offsets, flat, masks, scheme)
+    got, want = assert_parity(fn, [m, q, c, o], backend, torch.float32, f"{scheme} deep",
+                              outputs=OUTPUTS, inputs=INPUTS[:4])
+    last = want.outputs[2][0]
+    starts = offsets.reshape(-1).tolist() + [flat.shape[0]]
+    spans = []  # per tile: its list's length, and its pixels' first and last stop
+    for t in range(len(starts) - 1):
+        ty, tx = divmod(t, offsets.shape[-1])
+        block = last[ty * ts:(ty + 1) * ts, tx * ts:(tx + 1) * ts] - starts[t]
+        spans.append((starts[t + 1] - starts[t], int(block.min()), int(block.max())))
+    assert max(n for n, _, _ in spans) > 4 * GATHER_CHUNK
+    assert any(hi // GATHER_CHUNK > lo // GATHER_CHUNK + 1 for _, lo, hi in spans)
+    assert any(n - hi > GATHER_CHUNK for n, _, hi in spans)

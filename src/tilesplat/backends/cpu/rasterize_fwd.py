@@ -28,6 +28,8 @@ from .rasterize_saved import GROUP_PIXELS, SUB_PIXELS
 # forward records which groups of GROUP_PIXELS pixels each intersection contributes to, for the
 # backward (``rasterize_saved``).
 
+GATHER_CHUNK = 256  # intersections gathered at a time (``forward_kernel``)
+
 # ---------------------------------------------------------------------------------------------
 # kernels
 
@@ -68,7 +70,8 @@ def blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k, px, py, live, tran
     r_first[j]..r_last[j] miss the slice: its pixels cannot get alpha >= ALPHA_SKIP from them.
     flags [n, n_sub] uint8 (or [n, 0]: not kept): sets bit g of flags[k0 + j, sub] where row j
     contributes to a pixel of the slice's group g (pixels GROUP_PIXELS g ..; see
-    ``rasterize_saved``; the caller zeroed the tile's rows).
+    ``rasterize_saved``; the caller zeroed the tile's rows). Returns whether a pixel of the
+    slice is still live (False: the slice is done).
 
     px, py [P] pixel centres; live [P] int32 (0 = stopped or outside); trans [P] running T;
     last [P] int32 last contributing intersection; weight [P] scratch; acc [D, P] float64
@@ -114,7 +117,7 @@ def blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k, px, py, live, tran
             n_hit = np.int32(n_hit + (np.int32(1) if hit else np.int32(0)))
         if n_hit == 0:
             if n_live == 0:
-                break
+                return False
             continue
         if keep_flags:
             groups = np.uint32(0)
@@ -140,7 +143,8 @@ def blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k, px, py, live, tran
                 for p in range(p0, p1):
                     acc[d, p] += np.float64(weight[p]) * cd
         if n_live == 0:
-            break
+            return False
+    return True
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -180,13 +184,14 @@ def forward_kernel(
     has_mask = masks.shape[0] > 0
     offs = offsets.reshape(n_tiles)
     dt = means2d.dtype
-    loc = np.empty((max_len, 6 + n_ch), dt)
-    r_first = np.empty(max_len, np.int32)
-    r_last = np.empty(max_len, np.int32)
+    loc = np.empty((min(max_len, GATHER_CHUNK), 6 + n_ch), dt)
+    r_first = np.empty(loc.shape[0], np.int32)
+    r_last = np.empty(loc.shape[0], np.int32)
     keep_lo = out_lo.shape[0] > 0
     keep_trans = out_trans.shape[0] > 0
     keep_flags = out_flags.shape[1] > 0
     n_sub = (n_pix + SUB_PIXELS - 1) // SUB_PIXELS
+    alive = np.empty(n_sub, np.bool_)
     for t in range(first, n_tiles, step):
         img, ty, tx, start, end = tile_span(t, th, tw, offs, n_isects)
         if keep_flags:
@@ -201,31 +206,28 @@ def forward_kernel(
         last = np.full(n_pix, -1, np.int32)
         weight = np.empty(n_pix, dt)
         acc = np.zeros((n_sub, n_ch, SUB_PIXELS), np.float64)
-        n_k = 0
-        if end > start:
-            n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, start,
-                              end, tx, ty, tile_size, loc, r_first, r_last)
-        for sub in range(n_sub if n_k > 0 else 0):
-            lo = sub * SUB_PIXELS
-            hi = min(n_pix, lo + SUB_PIXELS)
-            if live[lo:hi].sum() > 0:
-                blend_tile(
-                    loc,
-                    r_first,
-                    r_last,
-                    sub,
-                    tile_size,
-                    start,
-                    n_k,
-                    px[lo:hi],
-                    py[lo:hi],
-                    live[lo:hi],
-                    trans[lo:hi],
-                    last[lo:hi],
-                    weight[lo:hi],
-                    acc[sub],
-                    out_flags,
-                )
+        n_alive = 0
+        for sub in range(n_sub):
+            alive[sub] = live[sub * SUB_PIXELS:min(n_pix, (sub + 1) * SUB_PIXELS)].sum() > 0
+            n_alive += alive[sub]
+        # the list in chunks, each gathered when the slices still live reach it: about half of
+        # a tile's intersections lie behind the pixels' stops (garden at 1 M) and are never
+        # gathered; each slice still sees its Gaussians in order, so nothing else changes
+        for k0 in range(start, end if n_alive > 0 else start, GATHER_CHUNK):
+            k1 = min(end, k0 + GATHER_CHUNK)
+            n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, k0, k1,
+                              tx, ty, tile_size, loc, r_first, r_last)
+            for sub in range(n_sub):
+                if not alive[sub]:
+                    continue
+                lo = sub * SUB_PIXELS
+                hi = min(n_pix, lo + SUB_PIXELS)
+                alive[sub] = blend_tile(loc, r_first, r_last, sub, tile_size, k0, n_k,
+                                        px[lo:hi], py[lo:hi], live[lo:hi], trans[lo:hi],
+                                        last[lo:hi], weight[lo:hi], acc[sub], out_flags)
+                n_alive -= not alive[sub]
+            if n_alive == 0:
+                break
         one = like(trans[0], 1.0)
         for p in range(n_pix):
             x = tx * tile_size + p % tile_size
