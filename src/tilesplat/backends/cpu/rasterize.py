@@ -8,13 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._common import BLOCK, alloc, parallel_for, view
+from ._common import alloc, num_threads, parallel_for, view
 from .cull import max_tile_len, splat_bounds
 from .rasterize_bwd import (
     backward_kernel,
-    contributing_by_gaussian,
     reduce_backgrounds,
-    reduce_kernel,
+    sum_rows_kernel,
 )
 from .rasterize_bwd_tiles import N_FIXED
 from .rasterize_fwd import forward_kernel
@@ -133,7 +132,6 @@ def backward(
     flags, floats = unpack_saved(
         extra, n, n_slices(tile_size),
         float_shape(scheme, dt, n_img, height, width, n_ch), np_dt)
-    first, order = contributing_by_gaussian(view(flatten_ids), flags, n_gauss)
     # the flagged rows are written, and no other is read: uninitialised, large, pooled
     part = view(alloc((n, N_FIXED + n_ch), dt))
     bg_part = np.empty((n_img * th * tw, n_ch), np_dt)
@@ -175,11 +173,11 @@ def backward(
     v_opacities = alloc((n_gauss,), dt)
     v_abs = alloc((n_gauss, 2), dt) if absgrad else None
     parallel_for(
-        reduce_kernel,
-        (n_gauss + BLOCK - 1) // BLOCK,
+        sum_rows_kernel,
+        num_threads(),
+        view(flatten_ids),
+        flags,
         part,
-        first,
-        order,
         view(v_means2d),
         view(v_conics),
         view(v_colors),

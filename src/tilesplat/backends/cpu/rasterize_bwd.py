@@ -21,9 +21,10 @@ of its flagged slices.
 
 Each intersection's gradient (summed over the tile's pixels in a fixed order) goes to a row of
 a buffer indexed by intersection; a second pass sums the rows of each Gaussian in increasing
-intersection order. Only the rows of the intersections the forward flagged are written and
-summed (at 1 M Gaussians 0.98 M of 2.63 M: the rest lie behind stopped pixels); the others are
-zero, and leaving a zero out of a sum changes none of its bits. No atomics: results are
+intersection order, each thread for its own range of Gaussians in one pass over the rows
+(:func:`sum_rows_kernel`). Only the rows of the intersections the forward flagged are written
+and summed (at 1 M Gaussians 0.98 M of 2.63 M: the rest lie behind stopped pixels); the others
+are zero, and leaving a zero out of a sum changes none of its bits. No atomics: results are
 bit-identical for any thread count.
 """
 
@@ -33,7 +34,7 @@ import numpy as np
 from numba import njit
 
 from ..shared.typed import like
-from ._common import BLOCK, prefetch, tile_span
+from ._common import tile_span
 from .cull import gather_tile
 from .rasterize_bwd_tiles import (
     C_A,
@@ -165,7 +166,7 @@ def backward_kernel(
                         bg_dot[p] += vcd * backgrounds[img, d]
         # the tile's gradient rows are part[start:end]; tile_rows writes those the forward
         # flagged up to the tile's last contributor, and the reduce reads no unflagged row
-        # (``contributing_by_gaussian``)
+        # (``sum_rows_kernel``)
         k_tile = -1
         for p in range(n_pix):
             k_tile = max(k_tile, last[p])
@@ -201,47 +202,25 @@ def flagged(flags, k):
 
 
 @njit(cache=True, error_model="numpy")
-def _by_gaussian(flatten_ids, keep, n_gauss):
-    """The intersections k with keep[k] (every one where keep is empty), Gaussian by Gaussian
-    (a stable counting sort): Gaussian g's are order[first[g]:first[g + 1]], in increasing
-    intersection order. int32 (at most 2^31 - 1 intersections): the counts and cursors are
-    indexed at random, and half the bytes are half the cache misses (40 -> 33 ms at garden's
-    1 M)."""
+def isects_by_gaussian(flatten_ids, n_gauss):
+    """Intersections Gaussian by Gaussian (a stable counting sort): Gaussian g's are
+    order[first[g]:first[g + 1]], in increasing intersection order. int32 (at most 2^31 - 1
+    intersections): the counts and cursors are indexed at random, and half the bytes are half
+    the cache misses."""
     if flatten_ids.shape[0] > 2147483647:
         raise ValueError("the CPU backward takes at most 2^31 - 1 intersections per call")
-    every = keep.shape[0] == 0
     first = np.zeros(n_gauss + 1, np.int32)
     for k in range(flatten_ids.shape[0]):
-        if every or keep[k]:
-            first[flatten_ids[k] + 1] += 1
+        first[flatten_ids[k] + 1] += 1
     for g in range(n_gauss):
         first[g + 1] += first[g]
     cursor = first[:-1].copy()
     order = np.empty(first[n_gauss], np.int32)
     for k in range(flatten_ids.shape[0]):
-        if every or keep[k]:
-            g = flatten_ids[k]
-            order[cursor[g]] = k
-            cursor[g] += 1
+        g = flatten_ids[k]
+        order[cursor[g]] = k
+        cursor[g] += 1
     return first, order
-
-
-@njit(cache=True, error_model="numpy")
-def isects_by_gaussian(flatten_ids, n_gauss):
-    """Intersections Gaussian by Gaussian: (first, order) of :func:`_by_gaussian`, all of them."""
-    return _by_gaussian(flatten_ids, np.zeros(0, np.bool_), n_gauss)
-
-
-@njit(cache=True, error_model="numpy")
-def contributing_by_gaussian(flatten_ids, flags, n_gauss):
-    """The intersections the forward flagged (:func:`flagged`), Gaussian by Gaussian: (first,
-    order) of :func:`_by_gaussian`. An unflagged intersection contributes to no pixel, so its
-    gradient row is zero: leaving it out of a Gaussian's sum changes no bit of it (the sum
-    starts at +0 and is never -0, and x + (+-0) is x)."""
-    hit = np.empty(flatten_ids.shape[0], np.bool_)
-    for k in range(flatten_ids.shape[0]):
-        hit[k] = flagged(flags, k)
-    return _by_gaussian(flatten_ids, hit, n_gauss)
 
 
 @njit(cache=True, error_model="numpy")
@@ -256,47 +235,6 @@ def group_by_gaussian(flatten_ids, n_gauss):
     return first, pos
 
 
-# Rows the reduce asks the cache for ahead of reading them (each row is a cache miss of its own:
-# at 64, garden's reduce ran ~5x faster than without).
-PREFETCH_ROWS = 64
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def reduce_kernel(
-    first, step, part, first_row, order, v_means2d, v_conics, v_colors, v_opacities, v_abs
-):
-    """Blocks first, first + step, ... of Gaussians: Gaussian g sums its rows,
-    part[order[first_row[g]:first_row[g + 1]]], in increasing intersection order.
-    part [n, 8 + D]; v_abs [G, 2] or [0, 2]."""
-    n_gauss = v_means2d.shape[0]
-    n_rows = order.shape[0]
-    n_cols = part.shape[1]
-    flat = part.reshape(part.size)
-    acc = np.zeros(n_cols, part.dtype)
-    for blk in range(first, (n_gauss + BLOCK - 1) // BLOCK, step):
-        for g in range(blk * BLOCK, min(n_gauss, (blk + 1) * BLOCK)):
-            acc[:] = 0
-            for j in range(first_row[g], first_row[g + 1]):
-                if j + PREFETCH_ROWS < n_rows:
-                    ahead = order[j + PREFETCH_ROWS] * n_cols
-                    prefetch(flat, ahead)  # a row may span two cache lines
-                    prefetch(flat, ahead + n_cols - 1)
-                row = order[j]
-                for col in range(n_cols):
-                    acc[col] += part[row, col]
-            v_means2d[g, 0] = acc[C_MX]
-            v_means2d[g, 1] = acc[C_MY]
-            v_conics[g, 0] = acc[C_A]
-            v_conics[g, 1] = acc[C_B]
-            v_conics[g, 2] = acc[C_C]
-            v_opacities[g] = acc[C_OP]
-            for d in range(n_cols - N_FIXED):
-                v_colors[g, d] = acc[N_FIXED + d]
-            if v_abs.shape[0] > 0:
-                v_abs[g, 0] = acc[C_ABSX]
-                v_abs[g, 1] = acc[C_ABSY]
-
-
 @njit(cache=True, error_model="numpy")
 def reduce_backgrounds(bg_part, n_img, v_backgrounds):
     """v_backgrounds [I, D]: the tiles' partial sums, image by image in tile order."""
@@ -307,3 +245,48 @@ def reduce_backgrounds(bg_part, n_img, v_backgrounds):
             for t in range(1, n_tiles):
                 s += bg_part[i * n_tiles + t, d]
             v_backgrounds[i, d] = s
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def sum_rows_kernel(first, step, flatten_ids, flags, part, v_means2d, v_conics, v_colors,
+                    v_opacities, v_abs):
+    """The Gaussians of range ``first`` of ``step`` equal ranges: each one's gradients are the
+    sums of the rows part[k] [8 + D] of its intersections the forward flagged
+    (:func:`flagged`), in increasing k; v_abs [G, 2] or [0, 2]. Each range is one pass over
+    the intersections (the rows are read in order, the sums are the Gaussians' own), so no
+    thread waits for another and the sums do not depend on the thread count. An unflagged
+    intersection contributes to no pixel and its row is not written: leaving it out changes
+    no bit (a sum starts at +0, is never -0, and x + (+-0) is x)."""
+    n_gauss = v_means2d.shape[0]
+    lo = n_gauss * first // step
+    hi = n_gauss * (first + 1) // step
+    n_ch = v_colors.shape[1]
+    keep_abs = v_abs.shape[0] > 0
+    zero = v_means2d.dtype.type(0.0)
+    for g in range(lo, hi):
+        v_means2d[g, 0] = zero
+        v_means2d[g, 1] = zero
+        v_conics[g, 0] = zero
+        v_conics[g, 1] = zero
+        v_conics[g, 2] = zero
+        v_opacities[g] = zero
+        for d in range(n_ch):
+            v_colors[g, d] = zero
+        if keep_abs:
+            v_abs[g, 0] = zero
+            v_abs[g, 1] = zero
+    for k in range(flatten_ids.shape[0]):
+        g = flatten_ids[k]
+        if g < lo or g >= hi or not flagged(flags, k):
+            continue
+        v_means2d[g, 0] += part[k, C_MX]
+        v_means2d[g, 1] += part[k, C_MY]
+        v_conics[g, 0] += part[k, C_A]
+        v_conics[g, 1] += part[k, C_B]
+        v_conics[g, 2] += part[k, C_C]
+        v_opacities[g] += part[k, C_OP]
+        for d in range(n_ch):
+            v_colors[g, d] += part[k, N_FIXED + d]
+        if keep_abs:
+            v_abs[g, 0] += part[k, C_ABSX]
+            v_abs[g, 1] += part[k, C_ABSY]

@@ -141,8 +141,8 @@ def tile_rows(loc, flags, k0, j_end, last, trans, v_c64, state, buf, dot, absgra
               rows):
     """A tile's P pixels (whole slices of SUB_PIXELS): writes rows[k0 + j], the gradient of the
     tile's rows j < j_end (intersection k0 + j; rows: the kernel's ``part``) that the forward
-    flagged (the others' rows are left as they are: ``contributing_by_gaussian`` leaves them
-    out of the sums), each evaluated from the first to the last group of pixels the forward
+    flagged (the others' rows are left as they are: ``rasterize_bwd.sum_rows_kernel`` leaves
+    them out of the sums), each evaluated from the first to the last group of pixels the forward
     flagged for it and summed over the slices of those (unflagged pixels inside change
     nothing: none of their pairs contributes). per_pixel walks back to front from j_end - 1,
     per_splat front to back. One row's sums run over its whole span at once: one horizontal
