@@ -7,10 +7,11 @@ The reference lists intersections by Gaussian then tile row-major and sorts them
 ``image << (32 + tile_bits) | tile << 32 | depth bits``: each tile lists its Gaussians by
 (depth bits, index). Here the Gaussians with a radius (the culled ones have no tiles; at 1 M
 Gaussians in a real view about half) are put in that order once (a stable radix sort of
-their depth bits), and a stable counting sort by (image, tile) in that order — a count pass,
-a prefix sum and a fill pass, over fixed chunks of the order on a pool of threads — writes
-every tile's segment already sorted. (Sorting each tile's segment instead cost ~28 ns per
-intersection with Numba's sort: 36 of the 72 ms of CPU of the garden's 1.3 M.)
+their depth bits on the threads, ``radix``), and a stable counting sort by (image, tile) in
+that order — a count pass, a prefix sum and a fill pass, over fixed chunks of the order on a
+pool of threads — writes every tile's segment already sorted. (Sorting each tile's segment
+instead cost ~28 ns per intersection with Numba's sort: 36 of the 72 ms of CPU of the
+garden's 1.3 M.)
 
 A gather pass first stores what the others need of each Gaussian (its box of tiles, its key
 but the tile, the tight lists' bound) at its position in that order, so that they read
@@ -30,6 +31,7 @@ from numba import njit
 
 from ..shared.typed import like
 from ._common import alloc, parallel_for, prefetch, sm, view
+from .radix import depth_order
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -52,38 +54,6 @@ def _tile_range(mx, my, r0, r1, tile_size, tile_width, tile_height):
     y0 = min(max(np.int64(math.floor(tmy - try_)), 0), tile_height)
     y1 = min(max(np.int64(math.ceil(tmy + try_)), 0), tile_height)
     return x0, x1, y0, y1
-
-
-@njit(cache=True, error_model="numpy")
-def depth_order(depth_bits, rows, order):
-    """order [M]: the Gaussians rows [M] (increasing) by unsigned depth bits, ties in index
-    order (a stable LSD radix sort, four passes of 8 bits, over (key, Gaussian) pairs kept
-    side by side): the order every tile lists its Gaussians in."""
-    n = rows.shape[0]
-    keys = np.empty(n, np.uint32)
-    for i in range(n):
-        g = rows[i]
-        keys[i] = np.uint32(np.int64(depth_bits[g]) & np.int64(0xFFFFFFFF))
-        order[i] = g
-    tmp_k = np.empty(n, np.uint32)
-    tmp_g = np.empty(n, np.int64)
-    counts = np.empty(257, np.int64)
-    for shift in range(0, 32, 8):
-        counts[:] = 0
-        for i in range(n):
-            counts[((keys[i] >> np.uint32(shift)) & np.uint32(0xFF)) + 1] += 1
-        if counts[1:].max() == n:
-            continue  # every key has the same byte here: the pass would not move anything
-        for b in range(256):
-            counts[b + 1] += counts[b]
-        for i in range(n):
-            k = keys[i]
-            b = (k >> np.uint32(shift)) & np.uint32(0xFF)
-            tmp_k[counts[b]] = k
-            tmp_g[counts[b]] = order[i]
-            counts[b] += 1
-        keys[:] = tmp_k
-        order[:] = tmp_g
 
 
 @njit(cache=True, error_model="numpy")
@@ -349,11 +319,7 @@ def _isect(
     n_vis = rows.shape[0]
     chunk = _chunk_size(n_vis, n_images * n_tiles)
     n_chunks = (n_vis + chunk - 1) // chunk
-    order = np.empty(n_vis, np.int64)
-    if sort:
-        depth_order(bits, rows, order)
-    else:
-        order[:] = rows
+    order = depth_order(bits, rows) if sort else rows
     tight = conics is not None
     # what the passes below read of each Gaussian, at its position in ``order``
     box = np.empty((n_vis, 4), np.int32)
