@@ -325,7 +325,9 @@ def _isect(
     box = np.empty((n_vis, 4), np.int32)
     box_n = np.empty(n_vis, np.int64)
     high = np.empty(n_vis, np.int64)
-    ell = np.empty((n_vis if tight else 0, 8), np.float64)
+    # the two large scratch arrays (~35 and ~20 MB at 1 M) come from the backend's pool: mapped
+    # afresh at every call, their pages cost ~15 ms of faults and zeroing a step
+    ell = view(alloc((n_vis if tight else 0, 8), torch.float64))
     con = view(conics.reshape(-1, 3)) if tight else np.empty((0, 3), m.dtype)
     opa = view(opacities.reshape(-1)) if tight else np.empty(0, m.dtype)
     parallel_for(gather_kernel, n_chunks, order, m, r, image_of, per_image, bits, con, opa,
@@ -336,7 +338,7 @@ def _isect(
     per_chunk = np.empty((n_chunks if sort else 0, n_images * n_tiles), np.int64)
     if tight:  # each (Gaussian, tile of its box) decided once, the sorted lists counted
         box_first = np.cumsum(box_n) - box_n
-        tiles = np.empty(int(box_n.sum()), np.int32)
+        tiles = view(alloc((int(box_n.sum()),), torch.int32))
         kept = np.empty(n_vis, np.int64)
         parallel_for(reach_kernel, n_chunks, box, box_n, ell, width, height, tile_size, chunk,
                      box_first, high, tile_width, tile_height, t_bits, tiles, kept, per_chunk)
