@@ -213,7 +213,9 @@ def forward_kernel(
         # the list in chunks, each gathered when the slices still live reach it: about half of
         # a tile's intersections lie behind the pixels' stops (garden at 1 M) and are never
         # gathered; each slice still sees its Gaussians in order, so nothing else changes
-        for k0 in range(start, end if n_alive > 0 else start, GATHER_CHUNK):
+        for k0 in range(start, end, GATHER_CHUNK):
+            if n_alive == 0:
+                break
             k1 = min(end, k0 + GATHER_CHUNK)
             n_k = gather_tile(means2d, conics, colors, opacities, flatten_ids, bounds, k0, k1,
                               tx, ty, tile_size, loc, r_first, r_last)
@@ -226,8 +228,6 @@ def forward_kernel(
                                         px[lo:hi], py[lo:hi], live[lo:hi], trans[lo:hi],
                                         last[lo:hi], weight[lo:hi], acc[sub], out_flags)
                 n_alive -= not alive[sub]
-            if n_alive == 0:
-                break
         one = like(trans[0], 1.0)
         for p in range(n_pix):
             x = tx * tile_size + p % tile_size
