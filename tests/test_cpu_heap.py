@@ -57,8 +57,10 @@ def test_freed_blocks_are_not_faulted_in_again():
     kept, first, *later = _probe()
     assert kept == "True"
     assert int(first) > 0  # the first round maps the memory
-    # later rounds reuse it: no page of the 60 MiB is faulted in again (a few for ctypes)
-    assert all(int(f) < int(first) // 20 for f in later), (first, later)
+    # later rounds reuse it: no page of the 60 MiB is faulted in again. A few faults may be
+    # ctypes' own, and with huge pages the first round is only ~30 faults: a fixed allowance
+    # of 16, far below the ~15,000 (4 KiB pages) of memory faulted in again
+    assert all(int(f) <= int(first) // 20 + 16 for f in later), (first, later)
 
 
 @glibc_only
