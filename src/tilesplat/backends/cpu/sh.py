@@ -17,17 +17,12 @@ import torch
 from numba import njit
 
 from ..shared.typed import like
+from . import sh3
 from ._common import BLOCK, alloc, parallel_for, sm, view
+from .sh_common import rgb_grad, rgb_of, unit, visible
 
 # ---------------------------------------------------------------------------------------------
 # kernels
-
-
-@njit(cache=True, error_model="numpy")
-def unit(x, y, z):
-    """(x, y, z) / max(|(x, y, z)|, 1e-12)."""
-    inv = like(x, 1.0) / max(np.sqrt(x * x + y * y + z * z), like(x, 1e-12))
-    return x * inv, y * inv, z * inv
 
 
 @njit(cache=True, error_model="numpy")
@@ -39,17 +34,6 @@ def coeff_row(m, inner, reps):
 # Arrays are only indexed in the kernels themselves: a compiled call that takes an array
 # argument updates its reference count (an atomic) on every call, which cost more than the
 # basis itself (``projection_fwd.forward_kernel``).
-
-
-@njit(inline="always", error_model="numpy")
-def visible(masks, m):
-    """Row m is evaluated: masks [M, 1] bool, or [M, 2] radii (both > 0), or [0, 1] (all)."""
-    if masks.shape[0] == 0:
-        return True
-    for j in range(masks.shape[1]):
-        if not masks[m, j] > 0:
-            return False
-    return True
 
 
 @njit(inline="always", error_model="numpy")
@@ -84,19 +68,6 @@ def sh_color(basis, n_basis, coeffs, rest, c, zero):
         g += bk * rest[c, k - k0, 1]
         b += bk * rest[c, k - k0, 2]
     return r, g, b
-
-
-@njit(inline="always", error_model="numpy")
-def rgb_of(x, zero):
-    """max(x + 0.5, 0) as torch.clamp_min(x + 0.5, 0) (NaN stays NaN)."""
-    y = x + like(x, 0.5)
-    return zero if y < zero else y
-
-
-@njit(inline="always", error_model="numpy")
-def rgb_grad(x, v, zero):
-    """The gradient through :func:`rgb_of` at x: v where x + 0.5 >= 0, else +0 (torch's)."""
-    return v if x + like(x, 0.5) >= zero else zero
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -212,6 +183,15 @@ def _masks(masks: torch.Tensor | None) -> np.ndarray:
     return m.reshape(-1, 1) if m.ndim == 1 else m
 
 
+def _unrolled(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, rest: torch.Tensor,
+              rows: tuple[int, int]) -> bool:
+    """Whether :mod:`.sh3`'s kernels apply: degree 3 in the trainer's layout (``sh0`` [M, 1,
+    3] and ``shN`` [M, 15, 3]), one evaluation row per coefficient row. They compute the
+    same bits as this module's."""
+    return (degree == 3 and rows[1] == 1 and coeffs.shape[0] == dirs.shape[0]
+            and coeffs.shape[1] == 1 and rest.shape[1] == sh3.N_REST)
+
+
 def forward(
     degree: int,
     dirs: torch.Tensor,  # [M, 3]
@@ -226,6 +206,10 @@ def forward(
     (``backends/sh_rows.py``)."""
     colors = alloc((dirs.shape[0], 3), dirs.dtype)
     n_blocks = (dirs.shape[0] + BLOCK - 1) // BLOCK
+    if _unrolled(degree, dirs, coeffs, rest, rows):
+        parallel_for(sh3.forward_kernel, n_blocks, view(dirs), view(coeffs), view(rest),
+                     _masks(masks), bool(rgb), view(colors))
+        return colors
     parallel_for(forward_kernel, n_blocks, degree, view(dirs), view(coeffs), view(rest),
                  _masks(masks), rows[0], rows[1], bool(rgb), view(colors))
     return colors
@@ -248,6 +232,12 @@ def backward(
     v_dirs = alloc((dirs.shape[0], 3), dirs.dtype) if need_v_dirs else None
     np_dt = view(dirs).dtype
     n_blocks = (coeffs.shape[0] + BLOCK - 1) // BLOCK
+    if _unrolled(degree, dirs, coeffs, rest, rows):
+        parallel_for(sh3.backward_kernel, n_blocks, view(dirs), view(coeffs), view(rest),
+                     _masks(masks), bool(rgb), view(v_colors.contiguous()),
+                     view(v_dirs) if v_dirs is not None else np.zeros((0, 3), np_dt),
+                     view(v_coeffs), view(v_rest))
+        return v_dirs, v_coeffs, v_rest
     parallel_for(
         backward_kernel,
         n_blocks,
