@@ -2,15 +2,18 @@
 """The trainer's CPU step at a real size, stage by stage, in two checkouts alternately (issue 36).
 
     PYTHONPATH=src python scripts/cpu_step_profile.py --src /work/main/src src \\
-        [--gaussians 1000000] [--resolution 1297x840] [--rounds 3] [--steps 2] [--json F]
+        [--gaussians 1000000] [--resolution 1297x840] [--rounds 3] [--steps 2] [--warmup 1]
+        [--json F]
 
 The parent makes the scene once (the garden multiplied to ``--gaussians`` and seen by its
 first camera at ``--resolution``: :func:`tilesplat.bench.scale.scaled_scene`) and a target
 image, saves them, then runs ``--rounds`` rounds; in each, a child per (checkout, scheme) in
 turn (so a slow phase of a shared machine hits every arm alike) times ``--steps`` steps of
 the trainer's own ``optimization_step`` (L1 + 0.2 SSIM, fused Adam, SH degree 3, packed =
-False, the NaN/Inf checks recorded into a flag as the trainer's runner has them) after one
-untimed step, on the Gaussians in the order that checkout's trainer keeps them (``--orders
+False, the NaN/Inf checks recorded into a flag as the trainer's runner has them) after
+``--warmup`` untimed steps (default 1; the first steps of a process still fault in its
+heap and buffer pool, which a long training run does once: ``--warmup 4`` times the steps it
+repeats), on the Gaussians in the order that checkout's trainer keeps them (``--orders
 trainer``: sorted in space where it has ``spatial_order``) or in the scene's own order
 (``scene``) or shuffled (``random``, seed 0); ``--orders trainer scene random`` times each,
 as arms of each checkout. A child times every cpu-backend op it calls (forward and backward
@@ -46,7 +49,8 @@ ORDER = ("projection", "sh", "intersection", "raster_fwd", "ssim", "ssim_bwd", "
          "sh_bwd", "projection_bwd", "adam", "python", "step")
 
 
-def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: str) -> dict:
+def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: str,
+          warmup: int = 1) -> dict:
     import torch
 
     if threads:
@@ -124,7 +128,7 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: 
             add(f"part_{name}", t0, c0)
 
     out = []
-    for i in range(steps + 1):
+    for i in range(steps + warmup):
         times.clear()
         t0, c0 = time.perf_counter(), time.process_time()
         # as the trainer's runner: the NaN/Inf checks into a flag, read after the step
@@ -139,7 +143,7 @@ def child(scene_path: str, scheme: str, steps: int, threads: int | None, order: 
             row[f"{pre}python"] = row[f"{pre}step"] - sum(
                 v for k, v in row.items() if k.startswith(pre) and k.count(":") == len(pre) // 4
                 and k not in (f"{pre}step", f"{pre}python"))
-        if i:
+        if i >= warmup:
             out.append(row)
     return {"steps": out, "pairs": None}
 
@@ -167,6 +171,7 @@ def make_scene(gaussians: int, resolution: str, path: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = arm_parser(__doc__.split("\n\n")[0], rounds=3)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per child first")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--orders", nargs="+", choices=("trainer", "scene", "random"),
                    default=["trainer"],
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.scheme, args.steps, args.threads,
-                               args.order)))
+                               args.order, args.warmup)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         scene_path = os.path.join(tmp, "scene.pt")
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 for src, order in arms:
                     env = child_env(src)
                     cmd = [sys.executable, os.path.abspath(__file__), "--child", scene_path,
-                           "--scheme", scheme, "--steps", str(args.steps), "--order", order]
+                           "--scheme", scheme, "--steps", str(args.steps), "--order", order,
+                           "--warmup", str(args.warmup)]
                     arm = src if len(args.orders) == 1 else f"{src}@{order}"
                     if args.threads:
                         cmd += ["--threads", str(args.threads)]
