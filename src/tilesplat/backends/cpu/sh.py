@@ -19,7 +19,7 @@ from numba import njit
 from ..shared.typed import like
 from . import sh3
 from ._common import BLOCK, alloc, parallel_for, sm, view
-from .sh_common import rgb_grad, rgb_of, unit, visible
+from .sh_common import rgb_grad, store_color, unit, visible
 
 # ---------------------------------------------------------------------------------------------
 # kernels
@@ -90,11 +90,7 @@ def forward_kernel(first, step, degree, dirs, coeffs, rest, masks, inner, reps, 
                 x, y, z = unit(dirs[m, 0], dirs[m, 1], dirs[m, 2])
                 store_basis(bas, sm.sh_basis(degree, x, y, z))
                 r, g, b = sh_color(bas, n_basis, coeffs, rest, c, zero)
-            if rgb:
-                r, g, b = rgb_of(r, zero), rgb_of(g, zero), rgb_of(b, zero)
-            colors[m, 0] = r
-            colors[m, 1] = g
-            colors[m, 2] = b
+            store_color(colors, m, r, g, b, rgb, zero)
 
 
 @njit(inline="always", error_model="numpy")

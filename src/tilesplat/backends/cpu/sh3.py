@@ -16,7 +16,7 @@ from numba import njit
 
 from ..shared.typed import like
 from ._common import BLOCK, sm
-from .sh_common import rgb_grad, rgb_of, unit, visible
+from .sh_common import rgb_grad, store_color, unit, visible
 
 N_REST = 15  # shN's coefficients of degree 1-3
 
@@ -69,11 +69,7 @@ def forward_kernel(first, step, dirs, coeffs, rest, masks, rgb, colors):
                 r = chain(bas, zero, coeffs, rest, m, 0)
                 g = chain(bas, zero, coeffs, rest, m, 1)
                 b = chain(bas, zero, coeffs, rest, m, 2)
-            if rgb:
-                r, g, b = rgb_of(r, zero), rgb_of(g, zero), rgb_of(b, zero)
-            colors[m, 0] = r
-            colors[m, 1] = g
-            colors[m, 2] = b
+            store_color(colors, m, r, g, b, rgb, zero)
 
 
 @njit(inline="always", error_model="numpy")

@@ -38,3 +38,13 @@ def rgb_of(x, zero):
 def rgb_grad(x, v, zero):
     """The gradient through :func:`rgb_of` at x: v where x + 0.5 >= 0, else +0 (torch's)."""
     return v if x + like(x, 0.5) >= zero else zero
+
+
+@njit(inline="always", error_model="numpy")
+def store_color(colors, m, r, g, b, rgb, zero):
+    """colors[m] = (r, g, b), through :func:`rgb_of` where ``rgb``."""
+    if rgb:
+        r, g, b = rgb_of(r, zero), rgb_of(g, zero), rgb_of(b, zero)
+    colors[m, 0] = r
+    colors[m, 1] = g
+    colors[m, 2] = b
