@@ -94,3 +94,12 @@ def test_launchers_pick_the_unrolled_kernels_for_the_trainers_layout(monkeypatch
     sh.forward(3, torch.cat([dirs, dirs]), sh0, shN, None, (50, 2))  # two cameras share rows
     sh.forward(3, dirs, torch.cat([sh0, shN[:, :3]], 1), shN[:, 3:], None, (50, 1))
     assert calls == [sh.forward_kernel] * 3
+
+
+def test_unrolled_kernels_on_zero_gaussians():
+    dirs, sh0, shN, v, radii = (t[:0] for t in _scene(4, torch.float32, seed=1))
+    colors = sh.forward(3, dirs, sh0, shN, radii, (0, 1), True)
+    v_dirs, v_sh0, v_shN = sh.backward(3, dirs, sh0, shN, radii, (0, 1), v, True, True)
+    assert colors.shape == (0, 3) and v_dirs.shape == (0, 3)
+    assert v_sh0.shape == (0, 1, 3) and v_shN.shape == (0, 15, 3)
+
