@@ -202,11 +202,11 @@ def flagged(flags, k):
 
 
 @njit(cache=True, error_model="numpy")
-def isects_by_gaussian(flatten_ids, n_gauss):
-    """Intersections Gaussian by Gaussian (a stable counting sort): Gaussian g's are
-    order[first[g]:first[g + 1]], in increasing intersection order. int32 (at most 2^31 - 1
-    intersections): the counts and cursors are indexed at random, and half the bytes are half
-    the cache misses."""
+def group_by_gaussian(flatten_ids, n_gauss):
+    """CSR of intersections per Gaussian in increasing intersection order (a stable counting
+    sort): Gaussian g owns positions first[g]:first[g + 1]; intersection k is at pos[k]. int32
+    (at most 2^31 - 1 intersections): the counts and cursors are indexed at random, and half
+    the bytes are half the cache misses."""
     if flatten_ids.shape[0] > 2147483647:
         raise ValueError("the CPU backward takes at most 2^31 - 1 intersections per call")
     first = np.zeros(n_gauss + 1, np.int32)
@@ -215,23 +215,11 @@ def isects_by_gaussian(flatten_ids, n_gauss):
     for g in range(n_gauss):
         first[g + 1] += first[g]
     cursor = first[:-1].copy()
-    order = np.empty(first[n_gauss], np.int32)
+    pos = np.empty(flatten_ids.shape[0], np.int32)
     for k in range(flatten_ids.shape[0]):
         g = flatten_ids[k]
-        order[cursor[g]] = k
+        pos[k] = cursor[g]
         cursor[g] += 1
-    return first, order
-
-
-@njit(cache=True, error_model="numpy")
-def group_by_gaussian(flatten_ids, n_gauss):
-    """CSR of intersections per Gaussian in increasing intersection order (a stable counting
-    sort): Gaussian g owns positions first[g]:first[g + 1]; intersection k is at pos[k] (the
-    inverse of :func:`isects_by_gaussian`'s order)."""
-    first, order = isects_by_gaussian(flatten_ids, n_gauss)
-    pos = np.empty_like(order)
-    for i in range(order.shape[0]):
-        pos[order[i]] = i
     return first, pos
 
 
