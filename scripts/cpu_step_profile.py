@@ -19,7 +19,8 @@ trainer``: sorted in space where it has ``spatial_order``) or in the scene's own
 as arms of each checkout. A child times every cpu-backend op it calls (forward and backward
 launchers, wrapped in the registry) and the step's parts; ``python`` is the step's time
 outside the ops and Adam (autograd, PyTorch's glue ops, the loss's L1). Reports per stage the
-min over steps and rounds and the median, and the step's ratio when there are two arms.
+min over steps and rounds, the median and the mean (a run's time per step: every timed step
+counts, the slow ones too), and the step's ratios when there are two arms.
 """
 
 from __future__ import annotations
@@ -213,21 +214,24 @@ def main(argv: list[str] | None = None) -> int:
     for (src, scheme), steps in rows.items():
         table[f"{src}|{scheme}"] = {
             k: {"min": min(s.get(k, 0.0) for s in steps),
-                "median": statistics.median(s.get(k, 0.0) for s in steps)}
+                "median": statistics.median(s.get(k, 0.0) for s in steps),
+                "mean": statistics.fmean(s.get(k, 0.0) for s in steps)}
             for k in keys}
     for pre, title in (("", "wall ms"), ("cpu:", "CPU ms (both threads)")):
-        print(f"\n{title}, min / median\n| stage | " + " | ".join(table) + " |")
+        print(f"\n{title}, min / median / mean\n| stage | " + " | ".join(table) + " |")
         print("|---|" + "---|" * len(table))
         for k in ORDER:
-            print(f"| {k} | " + " | ".join(f"{v[pre + k]['min']:.0f} / {v[pre + k]['median']:.0f}"
-                                            for v in table.values()) + " |")
+            print(f"| {k} | " + " | ".join(
+                " / ".join(f"{v[pre + k][s]:.0f}" for s in ("min", "median", "mean"))
+                for v in table.values()) + " |")
     names = list(dict.fromkeys(arm for arm, _ in rows))
     if len(names) == 2:
         for scheme in args.schemes:
             for pre in ("", "cpu:"):
                 a, b = (table[f"{s}|{scheme}"][f"{pre}step"] for s in names)
                 print(f"{scheme} {pre or 'wall:'} step {names[0]} / {names[1]}: "
-                      f"min {a['min'] / b['min']:.2f}x, median {a['median'] / b['median']:.2f}x")
+                      f"min {a['min'] / b['min']:.2f}x, median {a['median'] / b['median']:.2f}x, "
+                      f"mean {a['mean'] / b['mean']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scene": info, "rows": {f"{k[0]}|{k[1]}": v for k, v in rows.items()},
