@@ -20,6 +20,7 @@ import torch
 
 import tilesplat
 from helpers import tile_grid
+from tilesplat.backends.cpu.rasterize_saved import GROUP_PIXELS
 from tilesplat.backends.shared import compositing as scalar_math
 
 
@@ -119,6 +120,7 @@ def blend_tile_asm() -> str:
         torch.empty(P, dtype=f).numpy(),
         np.zeros((3, P), np.float64),
         np.zeros((n_k, 1), np.uint8),  # the hit flags of rasterize_saved
+        (1 << (np.arange(P) // GROUP_PIXELS)).astype(np.int32),  # each pixel's flag bit
     )
     return blend_tile.inspect_asm(blend_tile.signatures[0])
 
