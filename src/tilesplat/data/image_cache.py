@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..io.images import to_float
+from .composite import composite
 
 KEY = "image_cache_mb"
 # the automatic budget: this share of the memory available when the first dataset loads,
@@ -55,7 +56,11 @@ OFF_HEAP_BYTES = 1 << 20
 def image_to_tensors(
     rgba: np.ndarray, background: tuple[float, float, float]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Split a float [H, W, 3|4] image into (rgb [H,W,3] composited, alpha [H,W,1] | None)."""
+    """Split a float [H, W, 3|4] image into (rgb [H,W,3] composited, alpha [H,W,1] | None)
+    (float32 RGBA in one compiled pass, :func:`.composite.composite`: the same values)."""
+    if rgba.shape[2] == 4 and rgba.dtype == np.float32:
+        rgb, alpha = composite(rgba, background)
+        return torch.from_numpy(rgb), torch.from_numpy(alpha)
     if rgba.shape[2] == 4:
         alpha = rgba[:, :, 3:4]
         bg = np.asarray(background, dtype=np.float32)
@@ -99,6 +104,9 @@ class StoredImage:
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(image [H, W, 3] float32 composited, alpha [H, W, 1] float32 or None): new tensors,
         never views of the cached array."""
+        if self.background is not None and self.has_alpha:  # uint8 / 255 in the same pass
+            rgb, alpha = composite(self.data, self.background)
+            return torch.from_numpy(rgb), torch.from_numpy(alpha)
         arr = to_float(self.data)
         if arr is self.data:
             arr = arr.copy()  # float data: a caller may write into what it gets
