@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import llvmlite.binding as ll
+import pytest
 
 HOST = ll.get_host_cpu_features()
 AVX512 = bool(HOST.get("avx512f", False))
@@ -72,3 +74,34 @@ def test_a_target_numba_already_made_is_left_alone():
                "from tilesplat.backends.vector_width import prefer_wide_vectors\n"
                "out = {'applied': prefer_wide_vectors()}")
     assert got["features"] is None and not got["applied"] and not got["on"]
+
+
+def _kernel_modules() -> list[str]:
+    """Every tilesplat module that defines a Numba CPU function (an ``@njit`` / ``@jit``
+    decorator in its source), outside ``backends/cpu``, and one module of ``backends/cpu``:
+    importing any module of that package imports the package first, which asks for the width
+    (``backends/cpu/__init__.py``)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    found = []
+    for path in sorted((src / "tilesplat").rglob("*.py")):
+        if re.search(r"^\s*@(numba\.)?n?jit\b", path.read_text(), re.MULTILINE):
+            found.append(".".join(path.relative_to(src).with_suffix("").parts))
+    inside = [m for m in found if m.startswith("tilesplat.backends.cpu.")]
+    return [m for m in found if not m.startswith("tilesplat.backends.cpu.")] + inside[:1]
+
+
+@pytest.mark.parametrize("module", _kernel_modules())
+def test_every_module_with_kernels_asks_for_the_width_before_they_compile(module):
+    """Numba makes its one target machine at the first compile of the process, so a module
+    whose kernel can be the first to compile (the alpha composite runs when a dataset loads,
+    before the CPU backend is imported) must ask first: otherwise every kernel of the
+    process compiles 256 bits wide, slower and rounding its sums otherwise."""
+    got = _run(f"import {module}\n"
+               "from numba import njit\n"
+               "from numba.core.registry import cpu_target\n"
+               "njit(lambda x: x + 1)(1)  # Numba makes its target here, after the import\n"
+               "from tilesplat.backends import vector_width\n"
+               "out = {'asked': vector_width._applied is not None,\n"
+               "       'target': cpu_target.target_context.codegen().magic_tuple()[2]}")
+    assert got["asked"], f"importing {module} did not ask for the vector width"
+    assert ("-prefer-256-bit" in got["target"]) == AVX512

@@ -17,6 +17,12 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ..backends.vector_width import prefer_wide_vectors
+
+# before this module's first @njit: Numba makes its one target machine at the first compile,
+# and a dataset with alpha is loaded before the CPU backend (which asks the same) is imported
+prefer_wide_vectors()
+
 
 @njit(nogil=True, cache=True)
 def _composite_kernel(rgba, divide, bg, rgb, alpha):
