@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io.images import decode_image, image_size, resize_image, to_float
+from ..io.images import decode_image, image_size, resize_image
 from ..io.json_file import read_json
+from .composite import composite
 from .frames import (
     Frame,
     SceneDataset,
@@ -31,7 +32,7 @@ from .frames import (
     read_mask,
     split_every,
 )
-from .image_cache import CACHE, StoredImage, decode_all, image_to_tensors, new_key
+from .image_cache import CACHE, StoredImage, decode_all, new_key
 from .pixels import LazyPixels, MaskBits
 
 DEFAULT_TEST_EVERY = 8
@@ -203,8 +204,7 @@ def _decode(img_path: Path, size: tuple[int, int], background: tuple[float, floa
     if (img.shape[1], img.shape[0]) == size:
         return StoredImage(img, background)
     if img.shape[2] == 4:
-        rgb, alpha = image_to_tensors(to_float(img), background)
-        small = resize_image(np.concatenate([rgb.numpy(), alpha.numpy()], axis=2), *size)
+        small = resize_image(np.concatenate(composite(img, background), axis=2), *size)
         return StoredImage(small, None)
     return StoredImage(resize_image(img, *size), background)
 
