@@ -13,8 +13,8 @@ autograd graph between stages, so that each backward stage is timed on its own:
   rasterizer's gradients to the Gaussians' parameters.
 
 The training step is ``rasterization()`` forward, the same upstream gradient, backward, and an
-``torch.optim.Adam`` step over means, quats, log-scales, logit-opacities and SH coefficients
-(the parametrisation a trainer uses).
+Adam step (the trainer's ``FusedAdam``) over means, quats, log-scales, logit-opacities and SH
+coefficients (the parametrisation a trainer uses).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ..ops import (
     rasterize_to_pixels,
     spherical_harmonics,
 )
+from ..optimizers.fused_adam import FusedAdam
 from ..rendering import rasterization
 from .arms import Arm
 from .timing import StageTimer
@@ -222,10 +223,9 @@ class TrainStep:
         }
         for t in self.params.values():
             t.requires_grad_(True)
-        self.optimizer = torch.optim.Adam(
+        self.optimizer = FusedAdam(  # as the trainer: torch's fused kernel
             [{"params": [t], "lr": self.LRS[k], "name": k} for k, t in self.params.items()],
             eps=1e-15,
-            fused=True,  # as the trainer
         )
 
     def __call__(self, timer: StageTimer) -> None:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ...keys import Key
+from ...optimizers.fused_adam import FusedAdam
 from .. import seams
 
 if TYPE_CHECKING:
@@ -108,11 +109,12 @@ def make_optimizers(params: Params, cfg: TrainConfig, scene_scale: float) -> Opt
     lrs = base_learning_rates(cfg, scene_scale)
     betas = adam_betas(cfg)
     return {
-        name: torch.optim.Adam(
+        # torch's fused kernel (one per step: ~6x faster than the per-tensor loop on a CPU)
+        # on a short Python path (optimizers/fused_adam.py)
+        name: FusedAdam(
             [{"params": [params[name]], "lr": lrs[name] * math.sqrt(bs), "name": name}],
             eps=1e-15 / math.sqrt(bs),
             betas=betas,
-            fused=True,  # one kernel per step: ~6x faster than the per-tensor loop on a CPU
         )
         for name in PARAM_NAMES
     }
