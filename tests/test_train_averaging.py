@@ -12,7 +12,7 @@ from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.io.ply import load_ply
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.features.averaging import ParamAverage
+from tilesplat.train.features.averaging import AverageSchedule, ParamAverage
 from tilesplat.train.loop.run import load_run, train_run
 from tilesplat.train.loop.trainer import Trainer
 from tilesplat.train.rundir.checkpoint import (
@@ -212,3 +212,44 @@ def test_a_run_without_it_keeps_no_average_and_trains_alike(tiny_scene, tmp_path
         assert torch.equal(on.params[k], off.params[k]), k
     assert off.average is None and "averaged" not in off.state_dict()
     assert off.served_params() is off.params
+
+
+def test_the_schedule_drops_exactly_the_updates_an_edit_throws_away():
+    edits = set(range(150, 700, 50)) | {900}  # the fast recipe's, and a reset
+    asked = []
+
+    def acts_at(step: int) -> bool:
+        asked.append(step)
+        return step in edits
+
+    for reads in ((200, 1000), (0, 0), (7, 0)):
+        asked.clear()
+        sched = AverageSchedule(acts_at, 1200, reads)
+        got = [sched.wasted(s) for s in range(1200)]
+        for s in range(1200):
+            done = s + 1  # the first read at or after `done` finished steps, or the last step
+            read = min([1200, *(d for d in range(done, 1200) if any(n and d % n == 0
+                                                                    for n in reads))])
+            want = any(s < e <= read - 1 for e in edits)
+            assert got[s] == want, (reads, s)
+        assert sorted(asked) == sorted(set(asked))  # each step asked once
+    # the fast recipe (no reset): 150-199, 350-399, 550-599 and 650-1199 are read
+    sched = AverageSchedule(lambda s: s in edits and s < 700, 1200, (200, 1000))
+    assert sum(not sched.wasted(s) for s in range(1200)) == 700
+
+
+def test_dropping_the_thrown_away_updates_changes_no_read(tiny_scene, tmp_path, monkeypatch):
+    folder, _ = tiny_scene
+    runs = []
+    for drop in (True, False):
+        if not drop:
+            monkeypatch.setattr(AverageSchedule, "wasted", lambda self, step: False)
+        cfg = _cfg(data=str(folder), run_dir=str(tmp_path / str(drop)), eval_every=6)
+        run_dir, metrics = train_run(cfg, log=lambda s: None)
+        runs.append((json.loads((run_dir / "history.json").read_text()), metrics,
+                     load_checkpoint(latest_checkpoint(run_dir))["averaged"]["params"]))
+    (h_on, m_on, a_on), (h_off, m_off, a_off) = runs
+    assert len(h_on["test_psnr"]) == 4 and h_on["test_psnr"] == h_off["test_psnr"]
+    assert m_on["psnr"] == m_off["psnr"]
+    for k in a_on:
+        assert torch.equal(a_on[k], a_off[k]), k

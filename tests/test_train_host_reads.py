@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tilesplat.data.dataset import load_dataset
 from tilesplat.data.synthetic import write_synthetic_dataset
 from tilesplat.train.config import TrainConfig
-from tilesplat.train.features.averaging import ParamAverage
+from tilesplat.train.features.averaging import AverageSchedule, ParamAverage
 from tilesplat.train.loop.trainer import Trainer
 
 INNER = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -166,6 +166,9 @@ else:
         # the averaged model (ema_decay) takes a skipped step's flag from the device at a
         # capacity (train/averaging.py): still nothing read back
         trainer.average = trainer.steps.average = ParamAverage(0.9)
+        # updates followed by no edit before a read (this config's edits at steps 60 and 70
+        # would restart the average first, so its updates before them are dropped)
+        trainer.steps.average_reads = AverageSchedule(lambda step: False, 100, ())
         trainer.train_step(2)  # the average starts from the parameters
         before = {k: v.clone() for k, v in trainer.served_params().items()}
         assert _reads(trainer, 3).sites == {}

@@ -148,10 +148,14 @@ class DefaultStrategy(Strategy):
             reset_opacity(params, optimizers, value=self.prune_opa * 2.0)
 
     def acts_at(self, step: int) -> bool:
-        """Only the refinement and opacity-reset steps change the model; the others add the
-        step's gradients to the statistics (none once a view shows no Gaussian)."""
-        refines = (self.refine_start_iter < step < self.refine_stop_iter
-                   and step % self.refine_every == 0)
+        """Only the refinement and opacity-reset steps change the model, the steps
+        ``step_post_backward`` refines or resets at (both stop at ``refine_stop_iter``); the
+        others add the step's gradients to the statistics (none once a view shows no
+        Gaussian)."""
+        if step >= self.refine_stop_iter:
+            return False
+        refines = (step > self.refine_start_iter and step % self.refine_every == 0
+                   and step % self.reset_every >= self.pause_refine_after_reset)
         return refines or (step > 0 and step % self.reset_every == 0)
 
     @torch.no_grad()

@@ -16,10 +16,18 @@ Gaussians, so the average restarts from the parameters whenever one of them is n
 it followed a step earlier. A step whose update was skipped on the device (an intersection
 capacity's overflow, redone later) leaves the average unchanged. Checkpoints keep the average
 (``averaged``), so a resumed run averages as the uninterrupted one does.
+
+The average restarts at every step whose strategy call may edit the model (``acts_at``), an
+edit or not, and an update the run would throw away is not made (:class:`AverageSchedule`):
+where the strategy may edit the Gaussians before the run next reads the average (an
+evaluation, a checkpoint, the last step), the edit restarts it, so the average is dropped
+instead. The fast recipe densifies every 50 steps to step 650 and evaluates every 200:
+500 of its 1,200 updates were of that kind. Each read sees the average it saw before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,6 +133,10 @@ class ParamAverage:
                     a.lerp_(p, weight)
         self.steps += 1
 
+    def drop(self) -> None:
+        """Forget the average: the next update restarts it (served: the parameters)."""
+        self.average, self._follows, self.steps = None, {}, 0
+
     def served(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """The parameters to evaluate, render and export: the average when it follows
         ``params`` (the same tensors), else ``params`` themselves (before the first update,
@@ -164,6 +176,45 @@ class ParamAverage:
         steps = state.get("steps", 0)
         self.average, self._follows = average, dict(params)
         self.steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
+
+
+class AverageSchedule:
+    """Which steps' updates of the average the run will read, for a strategy's edits and the
+    run's reads (see the module docs).
+
+    Args:
+        acts_at: the strategy's ``acts_at``: whether its call at a step may edit the model.
+        steps: the run's number of steps.
+        reads_every: the periods (in finished steps) of the run's reads of the average (its
+            ``eval_every`` and ``checkpoint_every``; 0: none); the last step reads it too.
+    """
+
+    def __init__(self, acts_at: Callable[[int], bool], steps: int,
+                 reads_every: tuple[int, ...]) -> None:
+        self.acts_at, self.steps = acts_at, steps
+        self.reads_every = tuple(n for n in reads_every if n > 0)
+        self._next_edit = -1  # a step > every step asked so far, none of them before it acts
+
+    def next_edit(self, step: int) -> int:
+        """The first step after ``step`` whose strategy call may edit the model (``steps``
+        when none does); steps are asked in increasing order, each at most once overall."""
+        if self._next_edit <= step:
+            e = step + 1
+            while e < self.steps and not self.acts_at(e):
+                e += 1
+            self._next_edit = e
+        return self._next_edit
+
+    def next_read(self, done: int) -> int:
+        """The first count of finished steps >= ``done`` after which the run reads the
+        average."""
+        return min([self.steps, *(-(-done // n) * n for n in self.reads_every)])
+
+    def wasted(self, step: int) -> bool:
+        """Whether an edit restarts the average after ``step``'s update and before the run
+        reads it: the edit at step e comes after e's update and before the read that follows
+        e + 1 finished steps."""
+        return self.next_edit(step) < self.next_read(step + 1)
 
 
 def param_average(cfg: TrainConfig) -> ParamAverage | None:

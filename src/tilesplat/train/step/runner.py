@@ -28,7 +28,7 @@ from torch import Tensor
 from ...ops.deferred_checks import FiniteFlag, FlagRead
 from ...ops.intersect_capacity import OVERFLOW, intersection_capacity
 from ...strategy import Strategy
-from ..features.averaging import ParamAverage
+from ..features.averaging import AverageSchedule, ParamAverage
 from ..features.resolution import downscale_factor
 from ..features.spatial_order import SpatialOrder
 from ..models.base import sh_degree_at
@@ -90,6 +90,9 @@ class StepRunner:
         self.model, self.plan, self.strategy = model, plan, strategy
         self.average, self.device, self.capacity = average, device, capacity
         self.order = order
+        cfg = plan.cfg
+        self.average_reads = AverageSchedule(strategy.acts_at, cfg.steps,
+                                             (cfg.eval_every, cfg.checkpoint_every))
         self.graph: StepGraph | None = None  # the step as one CUDA graph (use_graph)
         self._unchecked: Attempt | None = None  # the last step whose flag is not read yet
 
@@ -185,7 +188,12 @@ class StepRunner:
         plan.parallel.after_step(model.params, model.optimizers, model.strategy_state, step)
         if self.order is not None:  # the rows the edits appended, sorted into place
             self.order.after_edits(model.params, model.optimizers, model.strategy_state)
-        if self.average is not None:  # after the strategy's edits, which restart it
+        if self.average is not None and (self.average_reads.wasted(step)
+                                         or self.strategy.acts_at(step)):
+            # the strategy's step edited the model (or may have), which restarts the
+            # average, or an edit restarts it before the run reads it
+            self.average.drop()
+        if self.average is not None and not self.average_reads.wasted(step):
             # where a step can be skipped on the device and redone (an overflow of the
             # capacity), the skipped one leaves the average as it is
             skipped = None if self.capacity is None else attempt.finite.found_inf(self.device)
