@@ -233,6 +233,11 @@ def test_the_schedule_drops_exactly_the_updates_an_edit_throws_away():
             want = any(s < e <= read - 1 for e in edits)
             assert got[s] == want, (reads, s)
         assert sorted(asked) == sorted(set(asked))  # each step asked once
+    # asked out of order (a step redone after the next), it still answers right
+    sched = AverageSchedule(acts_at, 1200, (200, 1000))
+    for s in (149, 150, 149, 148, 151, 700, 3, 1199, 899):
+        want = min([e for e in edits if e > s] + [1200])
+        assert sched.next_edit(s) == want, s
     # the fast recipe (no reset): 150-199, 350-399, 550-599 and 650-1199 are read
     sched = AverageSchedule(lambda s: s in edits and s < 700, 1200, (200, 1000))
     assert sum(not sched.wasted(s) for s in range(1200)) == 700

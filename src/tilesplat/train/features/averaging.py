@@ -193,13 +193,14 @@ class AverageSchedule:
                  reads_every: tuple[int, ...]) -> None:
         self.acts_at, self.steps = acts_at, steps
         self.reads_every = tuple(n for n in reads_every if n > 0)
-        self._next_edit = -1  # a step > every step asked so far, none of them before it acts
+        # the last scan: no step in [_scanned, _next_edit) acts, _next_edit does (or ends)
+        self._scanned, self._next_edit = 0, -1
 
     def next_edit(self, step: int) -> int:
         """The first step after ``step`` whose strategy call may edit the model (``steps``
-        when none does); steps are asked in increasing order, each at most once overall."""
-        if self._next_edit <= step:
-            e = step + 1
+        when none does). Asked step after step, each step is asked of the strategy once."""
+        if not self._scanned <= step + 1 <= self._next_edit:
+            e = self._scanned = step + 1
             while e < self.steps and not self.acts_at(e):
                 e += 1
             self._next_edit = e
