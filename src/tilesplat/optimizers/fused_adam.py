@@ -14,9 +14,9 @@ state (``step``, ``exp_avg``, ``exp_avg_sq``, the names and types of torch's fus
 step gives the bits of ``torch.optim.Adam(fused=True)`` and a state dict loads in either
 (``tests/test_fused_adam.py``). Everything else (the state dict's format, hooks, schedulers,
 ``param_groups``) is torch's: the methods above are torch's own functions, called without
-their wrapper. A group that is not one float tensor on the CPU with plain
-settings (an ``lr`` tensor, a CUDA parameter, ``amsgrad``, ``weight_decay``, ``maximize``)
-takes torch's own step.
+their wrapper. A group whose tensors are not float32 on the CPU, or whose settings are not
+plain (an ``lr`` tensor as a CUDA graph's, ``amsgrad``, ``weight_decay``, ``maximize``), takes
+torch's own step.
 """
 
 from __future__ import annotations
