@@ -162,7 +162,7 @@ class ParamAverage:
             ValueError: the state does not fit ``params`` (names, shapes) or is not finite.
         """
         if state is None or (isinstance(state, dict) and not state):
-            self.average, self._follows, self.steps = None, {}, 0
+            self.drop()
             return
         if not isinstance(state, dict):
             raise ValueError("the checkpoint's averaged model (ema_decay) is malformed")

@@ -188,17 +188,24 @@ class StepRunner:
         plan.parallel.after_step(model.params, model.optimizers, model.strategy_state, step)
         if self.order is not None:  # the rows the edits appended, sorted into place
             self.order.after_edits(model.params, model.optimizers, model.strategy_state)
-        if self.average is not None and (self.average_reads.wasted(step)
-                                         or self.strategy.acts_at(step)):
-            # the strategy's step edited the model (or may have), which restarts the
-            # average, or an edit restarts it before the run reads it
-            self.average.drop()
-        if self.average is not None and not self.average_reads.wasted(step):
-            # where a step can be skipped on the device and redone (an overflow of the
-            # capacity), the skipped one leaves the average as it is
-            skipped = None if self.capacity is None else attempt.finite.found_inf(self.device)
-            self.average.update(model.params, skipped)
+        if self.average is not None:
+            self._update_average(step, attempt)
         attempt.read = attempt.finite.start_read()
+
+    def _update_average(self, step: int, attempt: Attempt) -> None:
+        """The averaged model after ``step`` and the strategy's edits: dropped when an edit
+        restarts it before the run reads it, restarted when this step's strategy call may
+        have edited the model, else updated."""
+        assert self.average is not None
+        if self.average_reads.wasted(step):
+            self.average.drop()
+            return
+        if self.strategy.acts_at(step):
+            self.average.drop()  # the next update restarts it from the edited model
+        # where a step can be skipped on the device and redone (an overflow of the
+        # capacity), the skipped one leaves the average as it is
+        skipped = None if self.capacity is None else attempt.finite.found_inf(self.device)
+        self.average.update(self.model.params, skipped)
 
     def _check(self, attempt: Attempt) -> bool:
         """Read a step's flag: False when it was clean, True when it only overflowed its
