@@ -98,10 +98,11 @@ def test_the_fast_recipe_grows_by_the_absolute_gradient_from_fewer_points():
     fast = apply_overrides(TrainConfig(), ["recipe=fast"])
     assert (fast.absgrad, fast.grow_grad2d, fast.init_points) == (True, 8e-4, 3000)
     assert seams.strategy(fast).wants_absgrad()  # the render computes what the growth reads
+    assert seams.strategy(fast).revised_opacity  # a split composites like its parent
     back = apply_overrides(fast, ["recipe=3dgs"])
     defaults = TrainConfig()
-    assert (back.absgrad, back.grow_grad2d, back.init_points) == (
-        defaults.absgrad, defaults.grow_grad2d, defaults.init_points)
+    assert (back.absgrad, back.grow_grad2d, back.init_points, back.revised_opacity) == (
+        defaults.absgrad, defaults.grow_grad2d, defaults.init_points, False)
     plain = apply_overrides(TrainConfig(), ["recipe=fast", "absgrad=false", "grow_grad2d=2e-4"])
     assert not plain.absgrad and plain.refine_every == FAST["refine_every"]
 

@@ -80,6 +80,33 @@ def test_split_replaces_parent_by_two_smaller_children():
     assert torch.equal(state["count"], torch.tensor([0, 1, 3, 4, 5, 2, 2.0]))
 
 
+@pytest.mark.parametrize("revised", [False, True])
+def test_a_revised_split_composites_like_its_parent(revised):
+    params, opts = _model()
+    before = torch.sigmoid(params["opacities"].detach()).clone()
+    mask = torch.tensor([0, 1, 0, 0, 1, 0], dtype=torch.bool)
+    split(params, opts, {"count": torch.zeros(6)}, mask, revised_opacity=revised)
+    parents = before[[1, 4, 1, 4]].double()
+    children = torch.sigmoid(params["opacities"].detach()[4:]).double()
+    assert torch.equal(torch.sigmoid(params["opacities"].detach()[:4]), before[[0, 2, 3, 5]])
+    if revised:  # two children one behind the other let through what the parent let through
+        assert torch.allclose((1 - children) ** 2, 1 - parents, atol=1e-6)
+        assert (children < parents).all()
+    else:
+        assert torch.equal(children, parents)
+
+
+def test_the_revised_opacity_key_reaches_the_strategies():
+    from tilesplat.train import seams
+    from tilesplat.train.config import TrainConfig, apply_overrides
+
+    for name in ("default", "budget"):
+        on = apply_overrides(TrainConfig(), [f"strategy={name}", "revised_opacity=true"])
+        assert seams.strategy(on).revised_opacity
+        assert not seams.strategy(apply_overrides(TrainConfig(), [f"strategy={name}"])
+                                  ).revised_opacity
+
+
 def test_remove_and_reset_opacity():
     params, opts = _model()
     before = params["opacities"].detach().clone()

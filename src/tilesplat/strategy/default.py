@@ -63,6 +63,9 @@ class DefaultStrategy(Strategy):
         Key("absgrad", False, "default: grow by the absolute view-space gradient (AbsGS)"),
         Key("prune_scale3d", 0.1, "default: prune Gaussians larger than this (x scene scale) "
             "after a reset", ge=0.0),
+        Key("revised_opacity", False, "default: a split's two children get opacity "
+            "1 - sqrt(1 - o), so that the pair composites like the parent (arXiv:2404.06109; "
+            "gsplat's DefaultStrategy(revised_opacity=True))"),
     )
 
     @classmethod
@@ -74,7 +77,7 @@ class DefaultStrategy(Strategy):
                    refine_start_iter=cfg.refine_start, refine_stop_iter=cfg.refine_stop,
                    reset_every=cfg.reset_every, refine_every=cfg.refine_every,
                    pause_refine_after_reset=cfg.pause_refine_after_reset, absgrad=cfg.absgrad,
-                   key_for_gradient=key_for_gradient)
+                   revised_opacity=cfg.revised_opacity, key_for_gradient=key_for_gradient)
 
     def wants_absgrad(self) -> bool:
         """With ``absgrad`` it grows by the absolute screen-space gradient (AbsGS)."""
