@@ -303,3 +303,42 @@ def test_the_budget_grows_with_the_largest_training_image(tmp_path):
         "progress=false", "lpips=false", "checkpoint_every=0", "save_ply=false"])
     trainer = Trainer(cfg, load_dataset(folder), tmp_path / "run", log=lambda _: None)
     assert trainer.strategy.cap_max == round(2.5 * 16 * 16)
+
+
+def test_absgrad_is_rendered_only_while_the_strategy_reads_it(tmp_path):
+    """Past refine_stop the strategy reads no screen-space gradient: the renders leave absgrad
+    out there, and the run trains the same bits as one that computes it at every step."""
+    from tilesplat.data.synthetic import write_synthetic_dataset
+    from tilesplat.train.loop.trainer import Trainer
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=3, n_test=1, size=16)
+    cfg = apply_overrides(TrainConfig(), [
+        "recipe=fast", "init_points=200", "sh_degree=0", "progress=false", "lpips=false",
+        "backend=torch", "steps=24", "refine_start=2", "refine_stop=12", "refine_every=4",
+        "grow_grad2d=1e-7", "eval_every=0", "early_stop_patience=0", "ema_decay=0",
+        "resolution_start=1"]).validate()
+
+    def run(name, every_step):
+        trainer = Trainer(cfg, load_dataset(folder), tmp_path / name, log=lambda _: None)
+        assert trainer.plan.absgrad and trainer.plan.absgrad_stop == 12
+        if every_step:
+            trainer.plan.absgrad_stop = None
+        seen = []
+        render = trainer.plan.model.render
+
+        def spy(*args, **kwargs):
+            seen.append((kwargs["step"], kwargs["absgrad"]))
+            return render(*args, **kwargs)
+
+        trainer.plan.model.render = spy
+        trainer.train()
+        return trainer, seen
+
+    lean, seen = run("lean", every_step=False)
+    assert [s for s, a in seen if a] == list(range(12))  # steps 0..11: densification
+    assert [s for s, a in seen if not a] == list(range(12, 24))
+    full, seen_full = run("full", every_step=True)
+    assert all(a for _, a in seen_full)
+    assert len(lean.params["means"]) > 200  # it grew: the absgrad it read was there
+    for k, v in lean.params.items():
+        assert torch.equal(v, full.params[k]), k

@@ -19,7 +19,9 @@ the trainer needs to know (the tilesplat extension below the gsplat hooks):
 - ``PRESET``: the values choosing it sets for keys of the trainer it does not own (its
   recipe's initial opacity and size, its regularisers), before the other keys given with it;
 - ``config_errors(cfg)``: why a config cannot train with it;
-- ``wants_absgrad()``: whether the render must compute ``absgrad``;
+- ``wants_absgrad()``: whether the render must compute ``absgrad``, and
+  ``gradients_read_until()``: the step from which ``step_post_backward`` reads no
+  screen-space gradient (the trainer's renders leave ``absgrad`` out from there);
 - ``POST_BACKWARD_ARGS``: which of the step's ``packed`` and ``lr`` its
   ``step_post_backward`` takes (``post_backward`` passes them);
 - ``share(rank, world_size)``: the strategy for one of ``world_size`` shards of the model.
@@ -123,6 +125,11 @@ class Strategy:
     def wants_absgrad(self) -> bool:
         """Whether the render must put ``absgrad`` on the screen-space means."""
         return False
+
+    def gradients_read_until(self) -> int | None:
+        """The first step from which ``step_post_backward`` reads no gradient of the
+        screen-space means (``.grad``, ``.absgrad``) any more; None: it may at every step."""
+        return None
 
     def post_backward(self, *hook_args: Any, packed: bool, lr: float) -> None:
         """``step_post_backward(params, optimizers, state, step, info)`` (``hook_args``) with

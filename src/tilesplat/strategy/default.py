@@ -83,6 +83,10 @@ class DefaultStrategy(Strategy):
         """With ``absgrad`` it grows by the absolute screen-space gradient (AbsGS)."""
         return self.absgrad
 
+    def gradients_read_until(self) -> int | None:
+        """``refine_stop_iter``: ``step_post_backward`` returns at once from there."""
+        return self.refine_stop_iter
+
     def initialize_state(self, scene_scale: float = 1.0) -> dict[str, Any]:
         """State: ``grad2d`` [N] summed gradient norms, ``count`` [N] views, ``scene_scale``,
         and with ``refine_scale2d_stop_iter > 0`` ``radii`` [N] (largest screen radius / image

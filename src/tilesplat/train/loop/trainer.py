@@ -143,6 +143,7 @@ class Trainer:
                                              self.strategy_state, strategy)
         self.plan = StepPlan(cfg, self.model, self.scene_scale, self.features, self.parallel,
                              absgrad=self.strategy.wants_absgrad(),
+                             absgrad_stop=self.strategy.gradients_read_until(),
                              before_backward=self._pre_backward)
         capacity = None  # the intersection lists' (train/step/capacity.py)
         if capacity_applies(cfg, self.device, len(self.features)):

@@ -75,6 +75,9 @@ class StepPlan:
             (``rasterization(distributed=True)``), how its loss is weighed, how the ranks'
             gradients are combined.
         absgrad: whether the render computes ``absgrad`` (the strategy grows by it).
+        absgrad_stop: the first step whose render leaves ``absgrad`` out, because the strategy
+            reads it no more (:meth:`~tilesplat.strategy.base.Strategy.gradients_read_until`:
+            its densification has ended); None: every step computes it.
         before_backward: ``(step, info)`` after the loss, before backward (the strategy's
             ``step_pre_backward``, or the bench's hook that retains gradients).
         after_backward: ``(step, info)`` once the gradients are combined, before Adam (the
@@ -87,6 +90,7 @@ class StepPlan:
     features: Sequence[Feature] = ()
     parallel: Parallel = field(default_factory=SingleProcess)
     absgrad: bool = False
+    absgrad_stop: int | None = None
     before_backward: InfoHook | None = None
     after_backward: InfoHook | None = None
 
@@ -164,8 +168,9 @@ def optimization_step(
             cams = batch
             for f in features:
                 cams = f.cameras(cams, step)
+            absgrad = plan.absgrad and (plan.absgrad_stop is None or step < plan.absgrad_stop)
             out = plan.model.render(
-                params, cams, cfg, sh_degree_at(cfg, step), step=step, absgrad=plan.absgrad,
+                params, cams, cfg, sh_degree_at(cfg, step), step=step, absgrad=absgrad,
                 distributed=plan.parallel.render_distributed,
                 expected_depth=any(f.needs_expected_depth for f in features))
         if plan.before_backward is not None:
