@@ -5,8 +5,9 @@ line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules import heavy 
 inside ``run`` so that ``tilesplat --help`` stays fast.
 
 Errors: what the library raises for a user's input (``ValueError`` naming the argument, key
-or file; ``FileNotFoundError``; ``NotImplementedError`` for what is not built) is one line and
-exit status 2. Anything else is a bug and keeps its traceback.
+or file; ``FileNotFoundError``; ``NotImplementedError`` for what is not built) or for a full
+disk (``io.atomic.DiskFullError``, naming the file) is one line and exit status 2. Anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import importlib
 import pkgutil
 import sys
 
+from ..io.atomic import DiskFullError
+
 # what the library raises for bad input (ops/validation.py, train/config.py, the file readers)
-USER_ERRORS = (ValueError, FileNotFoundError, NotImplementedError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotImplementedError, DiskFullError)
 
 
 def _commands() -> list:

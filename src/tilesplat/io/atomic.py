@@ -5,11 +5,16 @@ temp file in the destination folder, fsync and ``os.replace``: a reader sees the
 the new one, never a partial one. ``tempfile.mkstemp`` creates its file ``0600``; the file is
 given ``0666 & ~umask`` (``0644`` under umask 022) before the rename, as ``open()`` would have,
 so that a viewer, a web server or a colleague can read what a run wrote.
+
+A write that fails because the disk is full (or the user's quota or file-size limit is
+reached) raises :class:`DiskFullError`, which names the file and says that it is as it was:
+the CLI reports it as one line, not a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +40,38 @@ def current_umask() -> int:
     return mask
 
 
+# no room left: the disk, the user's quota, the file-size limit
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class DiskFullError(OSError):
+    """A file could not be written for want of space; the file was left as it was."""
+
+
+def _full(exc: BaseException) -> OSError | None:
+    """The out-of-space OSError behind ``exc`` (itself, or one it was raised while handling:
+    ``torch.save``'s zip writer raises a RuntimeError then), or None."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain of causes is short; a cycle must not hang
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in FULL:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _discard(tmp: str, path: Path, exc: BaseException) -> None:
+    """Remove the temp file of a write that failed with ``exc``; raise a DiskFullError
+    naming ``path`` where the failure was for want of space."""
+    Path(tmp).unlink(missing_ok=True)
+    full = _full(exc)
+    if full is not None and not isinstance(exc, DiskFullError):
+        raise DiskFullError(full.errno, f"no room to write {path}: {full.strerror} (the file "
+                            "is as it was; free some space and run again, or resume a "
+                            "training run from its last checkpoint)") from exc
+
+
 def default_file_mode() -> int:
     """The mode ``open(path, "w")`` gives a new file: ``0o666 & ~umask``."""
     return 0o666 & ~current_umask()
@@ -46,6 +83,9 @@ def atomic_writer(path: str | Path, fsync: bool = True) -> Iterator[BinaryIO]:
 
     The temp file (``.NAME.XXXX.tmp`` in the same folder) is removed on any error, and
     ``path`` is left as it was. The folder must exist.
+
+    Raises:
+        DiskFullError: the disk (or quota, or file-size limit) had no room for the file.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -57,8 +97,8 @@ def atomic_writer(path: str | Path, fsync: bool = True) -> Iterator[BinaryIO]:
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        _discard(tmp, path, exc)
         raise
 
 
@@ -88,6 +128,6 @@ def atomic_path(path: str | Path, fsync: bool = True) -> Iterator[Path]:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        _discard(tmp, path, exc)
         raise

@@ -16,7 +16,9 @@ the keys the other recipes change back to their defaults (:func:`.seams.preset`)
   gradient (AbsGS) from fewer random initial points, a split's children at the opacity that
   composites like their parent (``revised_opacity``), the SH degree raised every 250 steps,
   Adam with shorter memories (``adam_beta1``, ``adam_beta2``), three to four times the
-  learning rates, and the moving average of the parameters as the model (``ema_decay``).
+  learning rates, the means' rate decaying tenfold instead of a hundredfold
+  (``means_lr_final``), and the moving average of the parameters as the model
+  (``ema_decay``).
 """
 
 from __future__ import annotations
