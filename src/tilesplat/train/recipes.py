@@ -31,7 +31,7 @@ FAST: dict[str, Any] = {
     # its own length: 1,100 steps, 0.37 of the 3DGS recipe's 3,000. It was 1,200 (0.4) until
     # the split's opacity and the means' rate below raised every scene's PSNR; garden-views,
     # whose steps cost the most (324x210 images, 54,000 Gaussians), then took 0.34 of the
-    # 3DGS recipe's CPU time at 1,200 steps and 0.31-0.33 at 1,100, still above the 3DGS
+    # 3DGS recipe's CPU time at 1,200 steps and 0.30-0.33 at 1,100, still above the 3DGS
     # recipe's PSNR or within 0.08 dB of it (docs/training.md, "The length"). Its schedules
     # follow: the resolution schedule and the means' rate decay are fractions of the steps,
     # the densification window and the SH schedule below are whole by step 750
