@@ -90,3 +90,21 @@ def test_the_cli_says_it_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("tilesplat eval: error:") and "metrics.json" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_room_even_for_the_temp_file(tmp_path, monkeypatch):
+    import tilesplat.io.atomic as atomic
+
+    def full_mkstemp(**kwargs):
+        raise _full()
+
+    path = tmp_path / "a.json"
+    path.write_text("old")
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", full_mkstemp)
+    with pytest.raises(DiskFullError, match="a.json"):
+        with atomic_writer(path) as f:
+            f.write(b"new")
+    with pytest.raises(DiskFullError, match="b.mp4"):
+        with atomic_path(tmp_path / "b.mp4"):
+            pass
+    assert path.read_text() == "old"

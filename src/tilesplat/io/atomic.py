@@ -61,15 +61,31 @@ def _full(exc: BaseException) -> OSError | None:
     return None
 
 
+def _full_error(path: Path, full: OSError) -> DiskFullError:
+    return DiskFullError(full.errno, f"no room to write {path}: {full.strerror} (the file is "
+                         "as it was; free some space and run again, or resume a training "
+                         "run from its last checkpoint)")
+
+
+def _temp_file(path: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``path``'s folder; a DiskFullError where there is no room even
+    for the empty file."""
+    try:
+        return tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
+    except OSError as exc:
+        full = _full(exc)
+        if full is not None:
+            raise _full_error(path, full) from exc
+        raise
+
+
 def _discard(tmp: str, path: Path, exc: BaseException) -> None:
     """Remove the temp file of a write that failed with ``exc``; raise a DiskFullError
     naming ``path`` where the failure was for want of space."""
     Path(tmp).unlink(missing_ok=True)
     full = _full(exc)
     if full is not None and not isinstance(exc, DiskFullError):
-        raise DiskFullError(full.errno, f"no room to write {path}: {full.strerror} (the file "
-                            "is as it was; free some space and run again, or resume a "
-                            "training run from its last checkpoint)") from exc
+        raise _full_error(path, full) from exc
 
 
 def default_file_mode() -> int:
@@ -88,7 +104,7 @@ def atomic_writer(path: str | Path, fsync: bool = True) -> Iterator[BinaryIO]:
         DiskFullError: the disk (or quota, or file-size limit) had no room for the file.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_file(path, f".{path.name}.", ".tmp")
     try:
         os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "wb") as f:
@@ -118,8 +134,7 @@ def atomic_path(path: str | Path, fsync: bool = True) -> Iterator[Path]:
     ``path`` when the block ends normally; removed on any error, ``path`` left as it was.
     The folder must exist."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
-                               dir=path.parent)
+    fd, tmp = _temp_file(path, f".{path.stem}.", f".tmp{path.suffix}")
     os.close(fd)
     try:
         yield Path(tmp)
