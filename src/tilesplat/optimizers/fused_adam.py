@@ -13,10 +13,12 @@ This class calls the same kernel (``torch._fused_adam_``) with the same argument
 state (``step``, ``exp_avg``, ``exp_avg_sq``, the names and types of torch's fused Adam), so a
 step gives the bits of ``torch.optim.Adam(fused=True)`` and a state dict loads in either
 (``tests/test_fused_adam.py``). Everything else (the state dict's format, hooks, schedulers,
-``param_groups``) is torch's: the methods above are torch's own functions, called without
-their wrapper. A group whose tensors are not float32 on the CPU, or whose settings are not
-plain (an ``lr`` tensor as a CUDA graph's, ``amsgrad``, ``weight_decay``, ``maximize``), takes
-torch's own step.
+``param_groups``) is torch's: ``add_param_group``, ``state_dict`` and ``load_state_dict`` are
+torch's own functions, called without their wrapper. ``zero_grad`` is written here: torch's,
+even without its wrapper, replaces the class's ``step`` with a profiling hook on its first call
+(``Optimizer._patch_step_function``), which every step would then pass through. A group whose
+tensors are not float32 on the CPU, or whose settings are not plain (an ``lr`` tensor as a CUDA
+graph's, ``amsgrad``, ``weight_decay``, ``maximize``), takes torch's own step.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ The average restarts at every step whose strategy call may edit the model (``act
 edit or not, and an update the run would throw away is not made (:class:`AverageSchedule`):
 where the strategy may edit the Gaussians before the run next reads the average (an
 evaluation, a checkpoint, the last step), the edit restarts it, so the average is dropped
-instead. The fast recipe densifies every 50 steps to step 650 and evaluates every 200:
-500 of its 1,200 updates were of that kind. Each read sees the average it saw before.
+instead. The fast recipe densifies every 50 steps to step 650 and evaluates every 220:
+590 of its 1,100 updates are of that kind. Each read sees the average it saw before.
 """
 
 from __future__ import annotations
