@@ -135,11 +135,7 @@ class DefaultStrategy(Strategy):
         if step >= self.refine_stop_iter:
             return
         self._accumulate(params, state, info, packed)
-        if (
-            step > self.refine_start_iter
-            and step % self.refine_every == 0
-            and step % self.reset_every >= self.pause_refine_after_reset
-        ):
+        if self._refines_at(step):
             n_dup, n_split = self._grow(params, optimizers, state, step)
             n_prune = self._prune(params, optimizers, state, step)
             if self.verbose:
@@ -151,19 +147,25 @@ class DefaultStrategy(Strategy):
             state["count"].zero_()
             if self.refine_scale2d_stop_iter > 0:
                 state["radii"].zero_()
-        if step > 0 and step % self.reset_every == 0:
+        if self._resets_at(step):
             reset_opacity(params, optimizers, value=self.prune_opa * 2.0)
+
+    def _refines_at(self, step: int) -> bool:
+        """Whether a step before ``refine_stop_iter`` densifies and prunes (not in the pause
+        after an opacity reset)."""
+        return (step > self.refine_start_iter and step % self.refine_every == 0
+                and step % self.reset_every >= self.pause_refine_after_reset)
+
+    def _resets_at(self, step: int) -> bool:
+        """Whether a step before ``refine_stop_iter`` resets the opacities."""
+        return step > 0 and step % self.reset_every == 0
 
     def acts_at(self, step: int) -> bool:
         """Only the refinement and opacity-reset steps change the model, the steps
         ``step_post_backward`` refines or resets at (both stop at ``refine_stop_iter``); the
         others add the step's gradients to the statistics (none once a view shows no
         Gaussian)."""
-        if step >= self.refine_stop_iter:
-            return False
-        refines = (step > self.refine_start_iter and step % self.refine_every == 0
-                   and step % self.reset_every >= self.pause_refine_after_reset)
-        return refines or (step > 0 and step % self.reset_every == 0)
+        return step < self.refine_stop_iter and (self._refines_at(step) or self._resets_at(step))
 
     @torch.no_grad()
     def _accumulate(self, params: Params, state: dict, info: dict, packed: bool) -> None:
