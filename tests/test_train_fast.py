@@ -342,3 +342,54 @@ def test_absgrad_is_rendered_only_while_the_strategy_reads_it(tmp_path):
     assert len(lean.params["means"]) > 200  # it grew: the absgrad it read was there
     for k, v in lean.params.items():
         assert torch.equal(v, full.params[k]), k
+
+
+def test_the_anneal_lowers_every_rate_but_the_means_over_the_runs_end():
+    """lr_anneal_from: the rates of the scales, rotations, opacities and colours stay their
+    own until that fraction of the steps, then fall linearly to lr_anneal_to of them at the
+    last step; the means' keeps its own decay; a CUDA graph's rate tensors are filled in
+    place; the 3DGS recipe leaves every rate but the means' constant."""
+    from tilesplat.train.models.splats import (
+        PARAM_NAMES,
+        anneal_factor,
+        base_learning_rates,
+        make_optimizers,
+        make_params,
+        means_rate,
+        set_learning_rates,
+    )
+
+    cfg = TrainConfig(steps=100, lr_anneal_from=0.8, lr_anneal_to=0.1, batch_size=4)
+    assert [anneal_factor(cfg, s) for s in (0, 80)] == [1.0, 1.0]
+    assert [round(anneal_factor(cfg, s), 12) for s in (90, 99, 100)] == [0.55, 0.145, 0.1]
+    assert {anneal_factor(TrainConfig(steps=100), s) for s in range(101)} == {1.0}
+    params = make_params({
+        "means": torch.zeros(2, 3), "scales": torch.zeros(2, 3), "quats": torch.ones(2, 4),
+        "opacities": torch.zeros(2), "sh0": torch.zeros(2, 1, 3), "shN": torch.zeros(2, 0, 3),
+    })
+    base = base_learning_rates(cfg, 2.0)
+    for as_tensor in (False, True):
+        optimizers = make_optimizers(params, cfg, 2.0)
+        if as_tensor:
+            for opt in optimizers.values():
+                opt.param_groups[0]["lr"] = torch.tensor(float("nan"))
+        for step in (10, 90):
+            got = set_learning_rates(optimizers, cfg, 2.0, step)
+            assert got == means_rate(cfg, 2.0, step)
+            rates = {k: float(o.param_groups[0]["lr"]) for k, o in optimizers.items()}
+            assert rates["means"] == pytest.approx(got, rel=1e-6)
+            for name in PARAM_NAMES[1:]:  # the batch of 4 scales them by sqrt(4) = 2
+                want = base[name] * 2.0 * (1.0 if step == 10 else 0.55)
+                assert rates[name] == pytest.approx(want, rel=1e-6), (name, step)
+    plain = TrainConfig(steps=100)
+    optimizers = make_optimizers(params, plain, 2.0)
+    set_learning_rates(optimizers, plain, 2.0, 99)
+    for name in PARAM_NAMES[1:]:
+        assert optimizers[name].param_groups[0]["lr"] == base_learning_rates(plain, 2.0)[name]
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    assert (fast.lr_anneal_from, fast.lr_anneal_to) == (0.8, 0.1)
+    back = apply_overrides(fast, ["recipe=3dgs"])
+    assert back.lr_anneal_from == 1.0
+    for bad in ("lr_anneal_from=1.5", "lr_anneal_to=0"):
+        with pytest.raises(ValueError, match=bad.split("=")[0]):
+            apply_overrides(TrainConfig(), [bad]).validate()

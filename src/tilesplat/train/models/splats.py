@@ -30,6 +30,11 @@ KEYS = (
     Key("means_lr", 1.6e-4, "Adam learning rate of the means, times the scene scale", ge=0.0),
     Key("means_lr_final", 0.01, "factor the means' rate decays to by the last step "
         "(exponentially)", gt=0.0, le=1.0),
+    Key("lr_anneal_from", 1.0, "fraction of the steps after which the rates of the scales, "
+        "rotations, opacities and colours fall linearly to lr_anneal_to times their own by "
+        "the last step (1: they stay constant, as in 3DGS)", ge=0.0, le=1.0),
+    Key("lr_anneal_to", 0.1, "factor those rates reach at the last step (lr_anneal_from)",
+        gt=0.0, le=1.0),
     Key("scales_lr", 5e-3, "Adam learning rate of the log-scales", ge=0.0),
     Key("quats_lr", 1e-3, "Adam learning rate of the quaternions", ge=0.0),
     Key("opacities_lr", 5e-2, "Adam learning rate of the opacity logits", ge=0.0),
@@ -58,6 +63,16 @@ def base_learning_rates(cfg: TrainConfig, scene_scale: float) -> dict[str, float
 def means_lr_factor(cfg: TrainConfig, step: int) -> float:
     """Exponential decay of the means' rate: 1 at step 0, ``means_lr_final`` at ``steps``."""
     return cfg.means_lr_final ** (step / cfg.steps)
+
+
+def anneal_factor(cfg: TrainConfig, step: int) -> float:
+    """The factor of every rate but the means' at ``step``: 1 until ``lr_anneal_from`` of
+    the steps, then linear to ``lr_anneal_to`` at the last step."""
+    start = cfg.lr_anneal_from * cfg.steps
+    if step <= start or cfg.lr_anneal_from >= 1.0:
+        return 1.0
+    done = min(1.0, (step - start) / (cfg.steps - start))
+    return 1.0 - (1.0 - cfg.lr_anneal_to) * done
 
 
 def make_params(tensors: dict[str, Tensor], device: torch.device | str = "cpu") -> Params:
@@ -133,14 +148,22 @@ def adam_betas(cfg: TrainConfig) -> tuple[float, float]:
 def set_learning_rates(
     optimizers: Optimizers, cfg: TrainConfig, scene_scale: float, step: int
 ) -> float:
-    """Set the rates for ``step`` (only the means' decays); returns the means' rate. A rate
-    held as a tensor (a CUDA graph's, ``train/step/cuda_graph.py``) is filled in place."""
+    """Set the rates for ``step``: the means' decays over the whole run (``means_lr_final``),
+    the others only in the anneal at its end (``lr_anneal_from``; they stay constant by
+    default); returns the means' rate. A rate held as a tensor (a CUDA graph's,
+    ``train/step/cuda_graph.py``) is filled in place."""
     lr = means_rate(cfg, scene_scale, step)
-    group = optimizers["means"].param_groups[0]
-    if isinstance(group["lr"], torch.Tensor):
-        group["lr"].fill_(lr)
-    else:
-        group["lr"] = lr
+    rates = {"means": lr}
+    if cfg.lr_anneal_from < 1.0:
+        factor = anneal_factor(cfg, step) * math.sqrt(cfg.batch_size)
+        base = base_learning_rates(cfg, scene_scale)
+        rates.update((name, base[name] * factor) for name in PARAM_NAMES if name != "means")
+    for name, rate in rates.items():
+        group = optimizers[name].param_groups[0]
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(rate)
+        else:
+            group["lr"] = rate
     return lr
 
 
