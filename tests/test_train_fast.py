@@ -30,6 +30,27 @@ def test_the_schedule_halves_the_factor_at_even_steps():
     assert {downscale_factor(TrainConfig(), s) for s in range(0, 3000, 7)} == {1}
 
 
+def test_large_images_stretch_the_schedule_in_proportion_to_their_pixels():
+    from tilesplat.train.features.resolution import SPAN_MAX, schedule_span
+
+    cfg = TrainConfig(steps=1000, resolution_start=4, resolution_full_at=0.3,
+                      resolution_ref_pixels=50_000)
+    assert schedule_span(cfg, 40_000) == schedule_span(cfg, 50_000) == 0.3  # not shortened
+    assert schedule_span(cfg, 100_000) == pytest.approx(0.6)
+    assert schedule_span(cfg, 10**7) == SPAN_MAX
+    # twice the reference: the factors' thirds of 0.6 x 1000 steps
+    got = [downscale_factor(cfg, s, 100_000) for s in (0, 199, 200, 399, 400, 999)]
+    assert got == [4, 4, 2, 2, 1, 1]
+    assert downscale_factor(cfg, 200, 50_000) == 1  # at the reference: the span as set
+    off = TrainConfig(steps=1000, resolution_start=4, resolution_full_at=0.3)
+    assert schedule_span(off, 10**7) == 0.3  # 0: no stretch
+    long = TrainConfig(resolution_full_at=0.95, resolution_ref_pixels=1)
+    assert schedule_span(long, 10**6) == 0.95  # a longer span than the cap is kept
+    fast = apply_overrides(TrainConfig(), ["recipe=fast"])
+    assert fast.resolution_ref_pixels == 50_000
+    assert apply_overrides(fast, ["recipe=3dgs"]).resolution_ref_pixels == 0
+
+
 def test_a_downscaled_frame_averages_pixels_and_keeps_pixel_centres():
     f = _frame()
     d = downscaled(f, 4)

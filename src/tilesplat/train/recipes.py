@@ -12,9 +12,10 @@ the keys the other recipes change back to their defaults (:func:`.seams.preset`)
   own length (1,100 steps, 0.37 of the 3DGS recipe's, ended sooner when the test PSNR stops
   rising: ``early_stop_patience``) within a Gaussian budget (``strategy = "budget"``,
   ``cap_max``, more on large images: ``cap_per_pixel``), coarse images first (the
-  resolution schedule), densification early and often by the absolute screen-space
-  gradient (AbsGS) from fewer random initial points, a split's children at the opacity that
-  composites like their parent (``revised_opacity``), the SH degree raised every 250 steps,
+  resolution schedule, longer on large images: ``resolution_ref_pixels``), densification
+  early and often by the absolute screen-space gradient (AbsGS) from fewer random initial
+  points, a split's children at the opacity that composites like their parent
+  (``revised_opacity``), the SH degree raised every 250 steps,
   Adam with shorter memories (``adam_beta1``, ``adam_beta2``), three to four times the
   learning rates, the means' rate decaying tenfold instead of a hundredfold
   (``means_lr_final``), every other rate annealed to a tenth over the last fifth of the run
@@ -67,6 +68,14 @@ FAST: dict[str, Any] = {
     # Gaussians still grows
     "resolution_start": 4,
     "resolution_full_at": 0.2,
+    # ... longer on large images: a largest training image of P > 50,000 pixels stretches
+    # that span to 0.2 x P / 50,000 of the steps (at most 0.9). A step's cost there is mostly
+    # per pixel, and the 3DGS recipe's Gaussians are not many more than this recipe's, so at
+    # full size from step 147 the run's cost came to 0.375 of the 3DGS recipe's on the room
+    # at 512x384 (196,608 pixels; span 0.79 with it: 0.29, the PSNR still +1.4 dB above the
+    # 3DGS recipe's; docs/training.md, "The schedule on large images"). The scenes the recipe
+    # was tuned on have 40,000-68,000 pixels
+    "resolution_ref_pixels": 50_000,
     # densify from step 100 to 700, every 50 steps: the set of Gaussians is whole early
     "refine_start": 100,
     "refine_stop": 700,

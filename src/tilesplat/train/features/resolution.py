@@ -5,6 +5,10 @@ resolution, by powers of two).
 With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the first
 ``a * steps`` steps are cut into ``log2 F + 1`` equal parts, at the factors F, F / 2, ..., 1;
 the factor stays 1 after them (with F = 4: full size from ``2/3 * a * steps`` on).
+With ``resolution_ref_pixels = R`` (0: off), a run whose largest training image has P > R
+pixels stretches the span to ``a * P / R`` (at most :data:`SPAN_MAX` of the steps): on large
+images a step's cost is mostly per pixel, whatever the Gaussians, and the coarse levels there
+still hold many pixels, so they train longer.
 A step's images are the frames' area averages at that factor, with the intrinsics scaled to
 match (pixel centres stay centres), made for each batch and not kept; the batch renders at
 that size. Early steps then rasterize a fraction of the pixels while the Gaussians are still
@@ -26,6 +30,7 @@ from ...keys import Key
 from .. import seams
 
 MIN_SIDE = 16  # the smallest side of a coarse image, in pixels
+SPAN_MAX = 0.9  # the longest span resolution_ref_pixels stretches the schedule to
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -38,6 +43,10 @@ KEYS = (
     Key("resolution_full_at", 0.5, "resolution schedule: fraction of the steps it spans, cut "
         "into equal parts for the factors resolution_start, ..., 2, 1 (with 4: full size from "
         "2/3 of it on)", gt=0.0, le=1.0),
+    Key("resolution_ref_pixels", 0, "resolution schedule: a run whose largest training image "
+        "has more pixels than this stretches the schedule's span in proportion, to at most "
+        "0.9 of the steps (train/features/resolution.py); 0: the span is resolution_full_at "
+        "whatever the size", ge=0),
 )
 
 
@@ -50,13 +59,24 @@ def schedule_errors(cfg: TrainConfig) -> list[str]:
 seams.register_keys("resolution schedule (train/features/resolution.py)", KEYS, schedule_errors)
 
 
-def downscale_factor(cfg: TrainConfig, step: int) -> int:
-    """The images' downscale factor at ``step`` (1: full resolution)."""
+def schedule_span(cfg: TrainConfig, pixels: int = 0) -> float:
+    """The fraction of the steps the schedule spans for a largest training image of
+    ``pixels``: ``resolution_full_at``, stretched by ``pixels / resolution_ref_pixels`` (to
+    at most :data:`SPAN_MAX`) when that is above 1."""
+    span, ref = cfg.resolution_full_at, cfg.resolution_ref_pixels
+    if ref <= 0 or pixels <= ref:
+        return span
+    return max(span, min(SPAN_MAX, span * pixels / ref))
+
+
+def downscale_factor(cfg: TrainConfig, step: int, pixels: int = 0) -> int:
+    """The images' downscale factor at ``step`` (1: full resolution), for a run whose largest
+    training image has ``pixels`` (:func:`schedule_span`)."""
     start = cfg.resolution_start
     if start <= 1:
         return 1
     levels = int(math.log2(start)) + 1  # start, start / 2, ..., 1
-    span = cfg.resolution_full_at * cfg.steps
+    span = schedule_span(cfg, pixels) * cfg.steps
     level = min(int(step * levels // span), levels - 1)
     return start >> level
 

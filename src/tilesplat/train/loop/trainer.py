@@ -113,8 +113,8 @@ class Trainer:
         self.train_frames = device_frames(dataset.train, self.device)
         self.coarse = CoarseFrames(self.train_frames)  # the images at the schedule's sizes
         self.model = model_kind(cfg)
-        strategy = seams.strategy(cfg, self.model.gradient_key,
-                                  image_pixels=max(w * h for w, h in sizes))
+        self.image_pixels = max(w * h for w, h in sizes)  # the budget and schedule follow it
+        strategy = seams.strategy(cfg, self.model.gradient_key, image_pixels=self.image_pixels)
         self.scene_scale = float(dataset.scene_radius)
         # the features the config switches on (train/features/), before a checkpoint's
         # state is loaded into them
@@ -144,6 +144,7 @@ class Trainer:
         self.plan = StepPlan(cfg, self.model, self.scene_scale, self.features, self.parallel,
                              absgrad=self.strategy.wants_absgrad(),
                              absgrad_stop=self.strategy.gradients_read_until(),
+                             image_pixels=self.image_pixels,
                              before_backward=self._pre_backward)
         capacity = None  # the intersection lists' (train/step/capacity.py)
         if capacity_applies(cfg, self.device, len(self.features)):
@@ -307,7 +308,7 @@ class Trainer:
         """
         indices = self._ahead.pop(step, None) or self.parallel.my_cameras(
             self.batch_indices(step))
-        factor = downscale_factor(self.cfg, step)
+        factor = downscale_factor(self.cfg, step, self.image_pixels)
         batch = make_batch([self.coarse.frame(i, factor) for i in indices], self.background,
                            self.cfg.random_background, views=indices).to(self.device)
         if step + 1 < self.cfg.steps:  # the next step's images decode while this one runs

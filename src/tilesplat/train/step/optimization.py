@@ -78,6 +78,8 @@ class StepPlan:
         absgrad_stop: the first step whose render leaves ``absgrad`` out, because the strategy
             reads it no more (:meth:`~tilesplat.strategy.base.Strategy.gradients_read_until`:
             its densification has ended); None: every step computes it.
+        image_pixels: the pixels of the largest training image (the resolution schedule's
+            span follows it: ``train/features/resolution.py``).
         before_backward: ``(step, info)`` after the loss, before backward (the strategy's
             ``step_pre_backward``, or the bench's hook that retains gradients).
         after_backward: ``(step, info)`` once the gradients are combined, before Adam (the
@@ -91,6 +93,7 @@ class StepPlan:
     parallel: Parallel = field(default_factory=SingleProcess)
     absgrad: bool = False
     absgrad_stop: int | None = None
+    image_pixels: int = 0
     before_backward: InfoHook | None = None
     after_backward: InfoHook | None = None
 

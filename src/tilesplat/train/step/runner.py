@@ -151,7 +151,8 @@ class StepRunner:
             return self._queue(step, batch)
         assert self.capacity is not None
         cfg = self.plan.cfg
-        size = self.capacity.for_step(self.model.params, downscale_factor(cfg, step)).size
+        size = self.capacity.for_step(self.model.params,
+                                      downscale_factor(cfg, step, self.plan.image_pixels)).size
         key = (size, sh_degree_at(cfg, step), self.plan.model.phase(cfg, step))
         attempt, replayed = self.graph.step(step, batch, key)
         if replayed:  # the graph's result, of the step it was captured at
@@ -163,8 +164,9 @@ class StepRunner:
         finite = FiniteFlag()  # the step's NaN/Inf checks, read after the next step is queued
         capacity = None
         if self.capacity is not None:
-            capacity = self.capacity.for_step(self.model.params,
-                                              downscale_factor(self.plan.cfg, step))
+            capacity = self.capacity.for_step(
+                self.model.params,
+                downscale_factor(self.plan.cfg, step, self.plan.image_pixels))
             self.capacity.begin_step(finite)
         with intersection_capacity(capacity):
             res = optimization_step(self.model.params, self.model.optimizers, batch, self.plan,
