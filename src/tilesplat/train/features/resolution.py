@@ -5,10 +5,12 @@ resolution, by powers of two).
 With ``resolution_start = F`` (a power of two) and ``resolution_full_at = a``, the first
 ``a * steps`` steps are cut into ``log2 F + 1`` equal parts, at the factors F, F / 2, ..., 1;
 the factor stays 1 after them (with F = 4: full size from ``2/3 * a * steps`` on).
+
 With ``resolution_ref_pixels = R`` (0: off), a run whose largest training image has P > R
 pixels stretches the span to ``a * P / R`` (at most :data:`SPAN_MAX` of the steps): on large
 images a step's cost is mostly per pixel, whatever the Gaussians, and the coarse levels there
 still hold many pixels, so they train longer.
+
 A step's images are the frames' area averages at that factor, with the intrinsics scaled to
 match (pixel centres stay centres), made for each batch and not kept; the batch renders at
 that size. Early steps then rasterize a fraction of the pixels while the Gaussians are still
