@@ -258,3 +258,56 @@ def test_dropping_the_thrown_away_updates_changes_no_read(tiny_scene, tmp_path, 
     assert m_on["psnr"] == m_off["psnr"]
     for k in a_on:
         assert torch.equal(a_on[k], a_off[k]), k
+
+
+@pytest.mark.parametrize("ema_decay", [0.0, 0.8])
+def test_the_training_state_is_freed_before_the_evaluation(tiny_scene, tmp_path, monkeypatch,
+                                                           ema_decay):
+    """The gradients, Adam's moments and (with an average) the trained parameters are gone
+    when the run's outputs are written, by the run and by a resumed run; the outputs are
+    those of the served model."""
+    import weakref
+
+    import tilesplat.train.loop.run as run_module
+
+    folder, _ = tiny_scene
+    held: list[weakref.ref] = []
+
+    class Watched(Trainer):
+        def train(self):
+            super().train()
+            held.clear()
+            held.append(weakref.ref(self))
+            for p in self.params.values():
+                held.append(weakref.ref(p))
+                if p.grad is not None:
+                    held.append(weakref.ref(p.grad))
+            for opt in self.optimizers.values():
+                for state in opt.state.values():
+                    held.extend(weakref.ref(v) for v in state.values() if torch.is_tensor(v))
+
+    seen = []
+    write = run_module.write_outputs
+
+    def checked(run_dir, cfg, dataset, params, *a, **kw):
+        alive = [r for r in held if r() is not None]
+        # without an average the served tensors are the trained ones (detached): their
+        # storage stays, the Parameter objects, gradients and moments go
+        seen.append((len(held), len(alive), params["means"].requires_grad))
+        return write(run_dir, cfg, dataset, params, *a, **kw)
+
+    monkeypatch.setattr(run_module, "Trainer", Watched)
+    monkeypatch.setattr(run_module, "write_outputs", checked)
+    cfg = _cfg(data=str(folder), run_dir=str(tmp_path / "run"), ema_decay=ema_decay)
+    run_dir, metrics = train_run(cfg, log=lambda s: None)
+    _, resumed = run_module.resume_run(run_dir, ["steps=30"], log=lambda s: None)
+    assert len(seen) == 2
+    for n_held, n_alive, grads in seen:  # the trainer, 6 parameters, 12 moments at least
+        assert n_held >= 1 + 6 + 12 and n_alive == 0 and not grads
+    ckpt = load_checkpoint(latest_checkpoint(run_dir))
+    assert ckpt["step"] == 30
+    served = ckpt["averaged"]["params"] if ema_decay else ckpt["params"]
+    ds = load_dataset(folder)
+    assert resumed["psnr"] == pytest.approx(evaluate(served, ds.test, cfg, ds.background)["psnr"],
+                                            abs=1e-9)
+    assert resumed["n_gaussians"] == len(served["means"])

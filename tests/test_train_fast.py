@@ -414,3 +414,42 @@ def test_the_anneal_lowers_every_rate_but_the_means_over_the_runs_end():
     for bad in ("lr_anneal_from=1.5", "lr_anneal_to=0"):
         with pytest.raises(ValueError, match=bad.split("=")[0]):
             apply_overrides(TrainConfig(), [bad]).validate()
+
+
+def test_the_heap_goes_back_where_the_steps_change_size(tmp_path, monkeypatch):
+    """The freed heap is returned to the system before a step whose buffers change size (the
+    Gaussians edited, the resolution schedule's next size) and after every evaluation
+    during training, and at no other step."""
+    import tilesplat.train.loop.trainer as trainer_module
+    from tilesplat.data.synthetic import write_synthetic_dataset
+
+    folder = write_synthetic_dataset(tmp_path / "scene", n_train=4, n_test=1, size=64)
+    cfg = TrainConfig(steps=40, init_points=200, sh_degree=0, refine_start=4, refine_every=6,
+                      refine_stop=30, grow_grad2d=1e-9, resolution_start=4,
+                      resolution_full_at=0.5, eval_every=15, log_every=5, progress=False,
+                      lpips=False, backend="torch").validate()
+    calls: list[int] = []
+    trainer = trainer_module.Trainer(cfg, load_dataset(folder), tmp_path / "run",
+                                     log=lambda _: None)
+    monkeypatch.setattr(trainer_module, "return_freed_heap",
+                        lambda: calls.append(trainer.step) or True)
+    sizes = {0: (0, 0)}
+    step = trainer.train_step
+
+    def watched(s):
+        out = step(s)
+        sizes[s + 1] = (len(trainer.params["means"]), downscale_factor(cfg, s + 1))
+        return out
+
+    trainer.train_step = watched
+    trainer.train()
+    want = []
+    for s in range(1, cfg.steps + 1):
+        if sizes[s] != sizes[s - 1]:
+            want.append(s)
+        if s % cfg.eval_every == 0:
+            want.append(s)
+    assert calls == want
+    factors = {f for _, f in sizes.values()} - {0}
+    counts = {n for n, _ in sizes.values()} - {0}
+    assert factors == {4, 2, 1} and len(counts) >= 3  # both kinds of change happened

@@ -10,6 +10,11 @@ thresholds: blocks up to 32 MiB come from the heap (larger ones are ``mmap``'d a
 pooled by ``buffer_pool``), and up to :data:`TRIM_BYTES` of free heap stay mapped. No value
 changes. The memory kept is memory the process had already taken and freed, handed out again
 by the next allocations, and bounded by :data:`TRIM_BYTES`.
+
+What is kept is given back with :func:`return_freed_heap` where the next allocations will not
+be the same sizes: the trainer calls it when a step's buffers change size (the strategy edited
+the Gaussians, the resolution schedule moved on), after an evaluation during training, and
+when the training ends.
 """
 
 from __future__ import annotations
@@ -47,3 +52,20 @@ def keep_freed_heap() -> bool:
     # mmap threshold would stay at its 128 KiB start
     return mallopt(M_MMAP_THRESHOLD, MMAP_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD,
                                                                    TRIM_BYTES) == 1
+
+
+def return_freed_heap() -> bool:
+    """Returns the heap's free memory to the kernel (glibc's ``malloc_trim``: the free top
+    and the free pages inside it), for a process that has freed much and will not take it
+    back soon: a run whose training has ended (its optimizer state freed) before its
+    evaluation and export. Returns whether memory was returned; False where glibc's
+    ``malloc_trim`` is missing (macOS, Windows, musl)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim(0) == 1

@@ -18,13 +18,17 @@ Layout of ``runs/<name>/``::
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from ...backends.cpu import buffer_pool
+from ...backends.cpu.heap import return_freed_heap
 from ...data.dataset import SceneDataset
 from ...keys import Key
 from .. import seams
@@ -126,21 +130,52 @@ def train_run(cfg: TrainConfig, log: Log = print) -> tuple[Path, dict[str, Any]]
         save_config(cfg, run_dir / "config.toml")
     log(f"{trainer.n_gaussians} initial Gaussians, {cfg.steps} steps")
     trainer.train()
-    return run_dir, _finish(trainer, run_dir, cfg, dataset)
+    trained = _trained(trainer, dataset)
+    del trainer  # what only another step would read goes before the evaluation
+    return run_dir, _finish(trained, run_dir, cfg, log)
 
 
-def _finish(trainer: Trainer, run_dir: Path, cfg: TrainConfig, dataset: SceneDataset
-            ) -> dict[str, Any]:
-    """The run's outputs, written by the process that holds the whole model (rank 0 of a
-    job, after gathering a model-parallel job's shards); {} on the other ranks."""
+@dataclass
+class _Trained:
+    """What the run's outputs are made of, once the training has ended: the served
+    parameters (detached), the dataset as trained (e.g. the refined training poses), the
+    history, the last step and the training's seconds."""
+
+    params: dict[str, Tensor]
+    dataset: SceneDataset
+    history: dict[str, list[float]]
+    step: int
+    elapsed: float
+
+
+def _trained(trainer: Trainer, dataset: SceneDataset) -> _Trained | None:
+    """The trained model of the process that holds the whole model (rank 0 of a job, after
+    gathering a model-parallel job's shards); None on the other ranks."""
     params = trainer.served_params()
     if not trainer.writes or params is None:
+        return None
+    return _Trained({k: v.detach() for k, v in params.items()},
+                    trained_dataset(trainer.features, dataset), trainer.history, trainer.step,
+                    trainer.elapsed)
+
+
+def _finish(trained: _Trained | None, run_dir: Path, cfg: TrainConfig, log: Log
+            ) -> dict[str, Any]:
+    """The run's outputs, written once the trainer is gone; {} on the ranks that write none.
+
+    The trainer's references are dropped by the caller and its cycles collected here, so the
+    gradients, Adam's moments, the strategy's state, the step's buffers and, with an averaged
+    model (``ema_decay``), the trained parameters are freed before the evaluation and the
+    export: at 1 M Gaussians ~0.7 GB of the three per-parameter tensors beside the model.
+    The cpu backend's pooled buffers are let go, and the freed heap is returned to the
+    system (:func:`.heap.return_freed_heap`)."""
+    gc.collect()
+    buffer_pool.clear()
+    return_freed_heap()
+    if trained is None:
         return {}
-    dataset = trained_dataset(trainer.features, dataset)  # e.g. the refined training poses
-    return write_outputs(
-        run_dir, cfg, dataset, params, trainer.history, trainer.step, trainer.elapsed,
-        log=trainer.log,
-    )
+    return write_outputs(run_dir, cfg, trained.dataset, trained.params, trained.history,
+                         trained.step, trained.elapsed, log=log)
 
 
 def resume_run(
@@ -169,7 +204,9 @@ def resume_run(
         save_config(cfg, run_dir / "config.toml")
     log(f"resuming {run_dir} from step {trainer.step} ({path.name})")
     trainer.train()
-    return run_dir, _finish(trainer, run_dir, cfg, dataset)
+    trained = _trained(trainer, dataset)
+    del trainer, run, ckpt  # the checkpoint's tensors became the trainer's
+    return run_dir, _finish(trained, run_dir, cfg, log)
 
 
 def load_run(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Tensor], dict[str, Any]]:
