@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...backends.cpu.heap import keep_freed_heap, return_freed_heap
+from ...backends.cpu.heap import keep_freed_heap
 from ...data.dataset import SceneDataset
 from ...data.pixels import prefetch
 from ...devices import to_device
@@ -161,7 +161,6 @@ class Trainer:
                 self.steps.use_graph(CudaGraphMaker())
         self.board = NO_BOARD  # TensorBoard's events while train() runs (tensorboard.py)
         self._nulled = 0  # the undefined numbers of history.json the log has named
-        self._pattern: tuple[int, int] = (0, 0)  # the step's sizes (:meth:`_new_pattern`)
 
     def _pre_backward(self, step: int, info: dict[str, Any]) -> None:
         """The strategy's hook after the render (gsplat's ``step_pre_backward``)."""
@@ -344,17 +343,6 @@ class Trainer:
         return evaluate(params, frames, self.cfg, self.dataset.background,
                         psnr_only=True)["psnr"]
 
-    def _new_pattern(self) -> None:
-        """Returns the freed heap to the system when the step's buffers change size: the
-        Gaussians were edited, or the resolution schedule moved on. Between such changes a
-        step takes back what the previous one freed (``keep_freed_heap``); across one, the
-        old sizes leave holes the new ones do not fit, and the heap would grow past them."""
-        factor = downscale_factor(self.cfg, self.step, self.image_pixels)
-        pattern = (len(self.params["means"]), min(factor, self.coarse.max_factor))
-        if pattern != self._pattern:
-            self._pattern = pattern
-            return_freed_heap()
-
     def _open_viewer(self) -> Any:
         """The live view of ``viewer_port`` (docs/viewer.md), or None when it is 0."""
         if not self.cfg.viewer_port or not self.writes:  # rank 0 alone serves it
@@ -378,7 +366,6 @@ class Trainer:
                     t0 = time.perf_counter()
                     loss, mse = self.train_step(self.step)
                     self.step += 1
-                    self._new_pattern()
                     self.elapsed += time.perf_counter() - t0
                     logged = self.step % cfg.log_every == 0 or self.step == cfg.steps
                     self.training_log.record(self.step, loss, mse, logged, self.elapsed,
@@ -386,7 +373,6 @@ class Trainer:
                     done = self.step >= cfg.steps
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
                         self.training_log.record_test(self.step, self.elapsed, self.test_psnr())
-                        return_freed_heap()
                         # every rank stops at the same step (ranks > 0 of a model-parallel
                         # job measure nothing and follow rank 0)
                         if self.parallel.any_rank(should_stop(cfg, self.history["test_psnr"])):
