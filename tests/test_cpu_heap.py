@@ -10,16 +10,21 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# Three 20 MiB blocks (under the 32 MiB mmap threshold) written, freed, four times over; prints
-# keep_freed_heap()'s result and each round's minor page faults.
-PROBE = r"""
-import ctypes, resource
-from tilesplat.backends.cpu.heap import keep_freed_heap
+# glibc's malloc, free and memset through ctypes, for the probes below
+LIBC = r"""
+import ctypes
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+"""
+
+# Three 20 MiB blocks (under the 32 MiB mmap threshold) written, freed, four times over; prints
+# keep_freed_heap()'s result and each round's minor page faults.
+PROBE = LIBC + r"""
+import resource
+from tilesplat.backends.cpu.heap import keep_freed_heap
 kept = keep_freed_heap()
 n = 20 << 20
 faults = []
@@ -71,14 +76,8 @@ def test_a_users_malloc_settings_win():
 
 # Sixty 1 MiB blocks written and freed but for the last (which pins the heap's top, as a
 # long-lived tensor does), then return_freed_heap(); prints the resident heap before and after.
-TRIM_PROBE = r"""
-import ctypes
+TRIM_PROBE = LIBC + r"""
 from tilesplat.backends.cpu.heap import keep_freed_heap, return_freed_heap
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 def rss_mib():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
