@@ -33,7 +33,7 @@ from ..config import TrainConfig
 from ..features.averaging import param_average
 from ..features.base import build_features, features_state, load_features_state, trained_dataset
 from ..features.early_stop import should_stop
-from ..features.resolution import CoarseFrames, downscale_factor
+from ..features.resolution import CoarseFrames
 from ..features.spatial_order import sorted_start, spatial_order
 from ..models import model_kind
 from ..models.init import initial_gaussians
@@ -308,7 +308,7 @@ class Trainer:
         """
         indices = self._ahead.pop(step, None) or self.parallel.my_cameras(
             self.batch_indices(step))
-        factor = downscale_factor(self.cfg, step, self.image_pixels)
+        factor = self.plan.downscale_factor(step)
         batch = make_batch([self.coarse.frame(i, factor) for i in indices], self.background,
                            self.cfg.random_background, views=indices).to(self.device)
         if step + 1 < self.cfg.steps:  # the next step's images decode while this one runs

@@ -25,6 +25,7 @@ from ...ops.deferred_checks import FiniteFlag, deferred_finite_checks
 from .. import seams
 from ..config import TrainConfig
 from ..features.base import Feature
+from ..features.resolution import downscale_factor
 from ..models import ModelKind
 from ..models.base import sh_degree_at
 from ..models.splats import Optimizers, Params, means_rate, set_learning_rates
@@ -96,6 +97,10 @@ class StepPlan:
     image_pixels: int = 0
     before_backward: InfoHook | None = None
     after_backward: InfoHook | None = None
+
+    def downscale_factor(self, step: int) -> int:
+        """The resolution schedule's factor at ``step`` for this run's images (1: full size)."""
+        return downscale_factor(self.cfg, step, self.image_pixels)
 
 
 def training_loss(

@@ -29,7 +29,6 @@ from ...ops.deferred_checks import FiniteFlag, FlagRead
 from ...ops.intersect_capacity import OVERFLOW, intersection_capacity
 from ...strategy import Strategy
 from ..features.averaging import AverageSchedule, ParamAverage
-from ..features.resolution import downscale_factor
 from ..features.spatial_order import SpatialOrder
 from ..models.base import sh_degree_at
 from ..models.splats import Optimizers, Params, means_rate, set_learning_rates
@@ -151,8 +150,7 @@ class StepRunner:
             return self._queue(step, batch)
         assert self.capacity is not None
         cfg = self.plan.cfg
-        size = self.capacity.for_step(self.model.params,
-                                      downscale_factor(cfg, step, self.plan.image_pixels)).size
+        size = self.capacity.for_step(self.model.params, self.plan.downscale_factor(step)).size
         key = (size, sh_degree_at(cfg, step), self.plan.model.phase(cfg, step))
         attempt, replayed = self.graph.step(step, batch, key)
         if replayed:  # the graph's result, of the step it was captured at
@@ -164,9 +162,8 @@ class StepRunner:
         finite = FiniteFlag()  # the step's NaN/Inf checks, read after the next step is queued
         capacity = None
         if self.capacity is not None:
-            capacity = self.capacity.for_step(
-                self.model.params,
-                downscale_factor(self.plan.cfg, step, self.plan.image_pixels))
+            capacity = self.capacity.for_step(self.model.params,
+                                              self.plan.downscale_factor(step))
             self.capacity.begin_step(finite)
         with intersection_capacity(capacity):
             res = optimization_step(self.model.params, self.model.optimizers, batch, self.plan,
