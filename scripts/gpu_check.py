@@ -270,6 +270,8 @@ def train_builtin_scene(steps: int, tiny: bool, backend: str = "cuda",
             "train_seconds": seconds, "steps_per_s": steps / seconds if seconds else None,
             "test_psnr": metrics["psnr"], "test_ssim": metrics["ssim"],
             "n_gaussians": metrics["n_gaussians"], "ply_sha256": ply_sha,
+            # the device's peak (torch.cuda.max_memory_allocated); None off CUDA (simulator)
+            "peak_device_mib": metrics.get("peak_device_mib"),
             "wall_seconds": time.perf_counter() - t0}  # with the scene's generation
 
 
@@ -405,12 +407,13 @@ def tables(report: dict[str, Any]) -> str:
                   "Steps/s over the training loop (evaluation and the scene's generation "
                   "excluded); test PSNR and SSIM at the end.", "",
                   "| scene | backend | device | steps | steps/s | train s | test PSNR | "
-                  "test SSIM | Gaussians |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+                  "test SSIM | Gaussians | device peak MiB |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
                   f"| {train['scene']} | {train['backend']} | {train['device']} | "
                   f"{train['steps']} | {_f(train['steps_per_s'], 1)} | "
                   f"{_f(train['train_seconds'], 1)} | {_f(train['test_psnr'], 2)} | "
-                  f"{_f(train['test_ssim'], 4)} | {train['n_gaussians']:,} |", ""]
+                  f"{_f(train['test_ssim'], 4)} | {train['n_gaussians']:,} | "
+                  f"{_f(train.get('peak_device_mib'), 0)} |", ""]
     lines += ["## Steps", "", "| step | status | started s | seconds |",
               "| --- | --- | --- | --- |"]
     for s in report["steps"]:

@@ -7,12 +7,14 @@ that no Numba kernel compiles in a child process).
 import json
 
 import pytest
+import torch
 
-from tilesplat.bench.gate import summarize_gate
-from tilesplat.bench.gate_runs import error_of, run_one
+from tilesplat.bench.gate import format_gate, summarize_gate
+from tilesplat.bench.gate_runs import error_of, read_metrics, run_one
 from tilesplat.cli import main
 from tilesplat.io.images import read_image
 from tilesplat.train.config import TrainConfig
+from tilesplat.train.rundir.outputs import peak_device_mib
 
 TINY = """\
 synthetic_size = 32
@@ -78,6 +80,9 @@ def test_a_tenth_of_the_steps_fails_the_psnr_guard(configs, tmp_path, capsys):
     # each run's peak memory, from its metrics.json, and the paired change
     assert all(r["peak_rss_mib"] > 50 for r in result["runs"])
     assert result["deltas"]["peak_rss_pct"]["n"] == 1 and "peak MiB" in text
+    # runs on the CPU have no device peak, and the table no row for it
+    assert [r["peak_device_mib"] for r in result["runs"]] == [None, None]
+    assert result["deltas"]["peak_device_pct"]["n"] == 0 and "peak device" not in text
     png = read_image(tmp_path / "g" / "time_to_psnr.png")
     assert png.shape[:2] == (270, 360) and png.std() > 0.01  # a chart, not a blank
     # the gate refuses to reuse a folder that holds one
@@ -169,6 +174,48 @@ def test_verdicts_and_paired_deltas():
     runs[3]["code"] = {"commit": "abc", "dirty": False}
     runs[0]["code"] = {"commit": "def", "dirty": True}
     assert "source changed between runs" in summarize_gate(runs, 0.1)["notes"][0]
+
+
+def test_the_device_peak_is_read_and_paired_where_runs_were_on_cuda(tmp_path, monkeypatch):
+    """metrics.json's ``peak_device_mib``: torch.cuda.max_memory_allocated of the run's CUDA
+    device in MiB, None elsewhere; the gate reads it (None when null or absent, as in the runs
+    of older versions), pairs it like the RSS and shows its row only where a run had one."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated",
+                        lambda device=None: asked.append(device) or 3 * 2**20 + 2**19)
+    assert peak_device_mib(torch.device("cuda", 1)) == 3.5
+    assert asked == [torch.device("cuda", 1)]
+    assert peak_device_mib(torch.device("cpu")) is None and len(asked) == 1
+
+    base = {"psnr": 30.0, "ssim": 0.9, "n_gaussians": 10, "step": 4, "train_seconds": 1.0}
+    for value, read in ((1234.5, 1234.5), (None, None), ("1", None), (True, None)):
+        (tmp_path / "m.json").write_text(json.dumps({**base, "peak_device_mib": value}))
+        assert read_metrics(tmp_path / "m.json")["peak_device_mib"] == read
+    (tmp_path / "m.json").write_text(json.dumps(base))
+    assert read_metrics(tmp_path / "m.json")["peak_device_mib"] is None
+
+    runs = [_row("base", 0, 30.0), _row("cand", 0, 30.0), _row("base", 1, 30.0),
+            _row("cand", 1, 30.0)]
+    for r, peak in zip(runs, (1000.0, 800.0, 1100.0, 990.0), strict=True):
+        r["peak_device_mib"] = peak
+    res = summarize_gate(runs, psnr_guard=0.1)
+    assert res["deltas"]["peak_device_pct"]["mean"] == pytest.approx((-20.0 - 10.0) / 2)
+    assert res["arms"]["cand"]["peak_device_mib"]["mean"] == pytest.approx(895.0)
+    _as_run_gate(res, runs)
+    row = next(line for line in format_gate(res).splitlines() if "peak device MiB" in line)
+    assert "1050" in row and "895" in row and "-15.0" in row
+    for r in runs:
+        r["peak_device_mib"] = None
+    res = summarize_gate(runs, psnr_guard=0.1)
+    _as_run_gate(res, runs)
+    assert "peak device" not in format_gate(res)
+
+
+def _as_run_gate(res, runs):
+    """What ``run_gate`` adds to ``summarize_gate``'s result before it is formatted."""
+    for arm in ("base", "cand"):
+        res["arms"][arm]["name"] = arm
+    res.update(psnr_guard_db=0.1, runs=runs)
 
 
 def test_error_of_a_traceback(tmp_path):

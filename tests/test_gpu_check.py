@@ -152,7 +152,7 @@ def test_tables_show_the_training_run(tmp_path):
     train = {"scene": "built-in 200px, 100 train / 20 test views", "backend": "cuda",
              "device": "cuda", "steps": 500, "train_seconds": 12.5, "steps_per_s": 40.0,
              "test_psnr": 27.123, "test_ssim": 0.91234, "n_gaussians": 123456,
-             "wall_seconds": 40.0}
+             "peak_device_mib": 1534.6, "wall_seconds": 40.0}
     report = {"version_line": "gpu_check: test", "versions": VERSIONS, "against": "cpu",
               "parity": [], "bench": [], "train": train}
     run = gpu_check.Run(str(tmp_path), 60.0, report)
@@ -160,7 +160,7 @@ def test_tables_show_the_training_run(tmp_path):
     text = (tmp_path / "gpu_check.md").read_text()
     assert "## Training the built-in scene (tilesplat train)" in text
     assert ("| built-in 200px, 100 train / 20 test views | cuda | cuda | 500 | 40.0 | 12.5 | "
-            "27.12 | 0.9123 | 123,456 |") in text
+            "27.12 | 0.9123 | 123,456 | 1535 |") in text
     assert "| train the built-in scene on the GPU | ok |" in text
     assert "Training the built-in scene" not in gpu_check.tables({**report, "train": None})
 
@@ -170,6 +170,7 @@ def test_the_training_step_trains_the_builtin_scene(one_torch_thread):
     got = gpu_check.train_builtin_scene(3, tiny=True, backend="cpu")
     assert got["scene"] == "built-in 16px, 2 train / 1 test views" and got["steps"] == 3
     assert got["device"] == "cpu" and got["n_gaussians"] == 50
+    assert got["peak_device_mib"] is None  # on CUDA, the run's metrics.json's device peak
     assert got["steps_per_s"] == pytest.approx(3 / got["train_seconds"])
     assert 0.0 < got["test_psnr"] < 100.0 and got["wall_seconds"] >= got["train_seconds"]
 

@@ -52,6 +52,7 @@ def test_train_tiny_scene_end_to_end(tmp_path, capsys):
     cfg = load_config(run / "config.toml")
     initial = Trainer(cfg, load_dataset(data), tmp_path / "scratch").test_psnr()
     assert metrics["step"] == STEPS and metrics["n_views"] == 4
+    assert metrics["peak_rss_mib"] > 50 and metrics["peak_device_mib"] is None  # no CUDA here
     assert metrics["psnr"] > initial + 8.0, (initial, metrics["psnr"])
     assert history["loss"][-1] < 0.4 * history["loss"][0]
     assert history["psnr"][-1] > history["psnr"][0] + 8.0

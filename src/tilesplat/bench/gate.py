@@ -7,8 +7,9 @@ run in its own folder under ``out_dir`` and in its own process (``tilesplat trai
 First a two-step run of each arm (``warmup-ARM``, not counted) compiles the kernels it needs
 into Numba's cache, so that no timed run pays their compilation.
 It then compares, per arm, the mean ± σ of the process wall time, the steps per second of
-training, the final test PSNR and SSIM and the Gaussian count, and pairs the repeats for the
-deltas (candidate / base - 1 of the wall time, candidate - base of the PSNR).
+training, the final test PSNR and SSIM, the Gaussian count and the peak memory (the process's
+resident set; on CUDA also the device's tensors), and pairs the repeats for the deltas
+(candidate / base - 1 of the wall time and the memory, candidate - base of the PSNR).
 
 Every run also evaluates its test views during training (every ``steps / EVAL_POINTS`` steps
 when its config evaluates only at the end), and the gate reports, per arm, the **time to
@@ -37,7 +38,7 @@ from .gate_runs import Log, run_one
 SCHEMA = "tilesplat.gate/1"
 ARMS = ("base", "cand")
 METRICS = ("wall_s", "train_s", "steps_per_s", "psnr", "ssim", "cc_psnr", "gaussians",
-           "peak_rss_mib", "time_to_psnr_s")
+           "peak_rss_mib", "peak_device_mib", "time_to_psnr_s")
 # how many test evaluations a run makes when its config asks for none during training
 EVAL_POINTS = 20
 # the time to PSNR is to the base's mean final test PSNR minus this
@@ -144,6 +145,7 @@ def summarize_gate(runs: list[dict[str, Any]], psnr_guard: float) -> dict[str, A
             ]
         ),
         "peak_rss_pct": _paired_pct(pairs, "peak_rss_mib"),
+        "peak_device_pct": _paired_pct(pairs, "peak_device_mib"),
         "pairs": len(pairs),
     }
     reasons = []
@@ -285,6 +287,17 @@ def _reached(arm: dict[str, Any]) -> str:
     return f"{_pm(arm['time_to_psnr_s'], '.1f')} ({arm['reached_psnr']}/{arm['ok']})"
 
 
+def _device_peak_rows(arms: dict[str, Any], d: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The table's row of the CUDA device's peak memory (``peak_device_mib``), where an arm
+    ran on one; none for runs on the CPU."""
+    if all(arms[arm]["peak_device_mib"]["n"] == 0 for arm in ARMS):
+        return []
+    pct = d["peak_device_pct"]
+    return [("peak device MiB", _pm(arms["base"]["peak_device_mib"], ".0f"),
+             _pm(arms["cand"]["peak_device_mib"], ".0f"),
+             _pm(pct, "+.1f") + " %" if pct["n"] else "-")]
+
+
 def format_gate(result: dict[str, Any]) -> str:
     """The gate as a text table, the failed runs with their errors, and the verdict."""
     arms, d = result["arms"], result["deltas"]
@@ -342,6 +355,7 @@ def format_gate(result: dict[str, Any]) -> str:
             _pm(arms["cand"]["peak_rss_mib"], ".0f"),
             _pm(d["peak_rss_pct"], "+.1f") + " %" if d["peak_rss_pct"]["n"] else "-",
         ),
+        *_device_peak_rows(arms, d),
         (
             "runs ok",
             f"{arms['base']['ok']}/{arms['base']['runs']}",

@@ -138,8 +138,9 @@ def train_process(
 
 
 def read_metrics(path: Path) -> dict[str, float]:
-    """psnr, ssim, gaussians, steps, train seconds and peak memory (MiB, None when not
-    recorded) of a run's ``metrics.json``.
+    """psnr, ssim, gaussians, steps, train seconds and peak memory (MiB: the process's
+    resident set and the CUDA device's tensors, each None when not recorded) of a run's
+    ``metrics.json``.
 
     Raises:
         ValueError: missing, not JSON, or a field of the wrong type.
@@ -160,9 +161,11 @@ def read_metrics(path: Path) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {key} is not a number ({value!r})")
         out[name] = float(value)
-    peak = data.get("peak_rss_mib")  # absent from runs of older versions, None on Windows
-    out["peak_rss_mib"] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
-        peak, bool) else None
+    # absent from runs of older versions; None on Windows (the RSS) and off CUDA (the device)
+    for key in ("peak_rss_mib", "peak_device_mib"):
+        peak = data.get(key)
+        out[key] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
+            peak, bool) else None
     cc = data.get("cc_psnr")  # the colour-corrected test PSNR; absent from older runs
     out["cc_psnr"] = float(cc) if isinstance(cc, (int, float)) and not isinstance(
         cc, bool) else None
@@ -234,6 +237,7 @@ def run_one(
         "cc_psnr": m["cc_psnr"],
         "gaussians": int(m["gaussians"]),
         "peak_rss_mib": m["peak_rss_mib"],
+        "peak_device_mib": m["peak_device_mib"],
         # the test PSNR during training, then at the end (the metrics' own evaluation)
         "curve": curve if curve and curve[-1][1] == m["steps"]
         else [*curve, [m["train_s"], m["steps"], m["psnr"]]],

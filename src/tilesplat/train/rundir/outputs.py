@@ -83,6 +83,7 @@ def write_outputs(
         "train_seconds": train_seconds,
         "render_seconds_per_view": result["seconds_per_view"],
         "peak_rss_mib": peak_rss_mib(),
+        "peak_device_mib": peak_device_mib(params["means"].device),
         "views": result["views"],
     }
     data, _ = strict_json_bytes(metrics)
@@ -125,6 +126,16 @@ def peak_rss_mib() -> float | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes there, KiB here
+
+
+def peak_device_mib(device: torch.device) -> float | None:
+    """The most memory this process's tensors held at once on ``device`` so far in MiB, for a
+    CUDA device (``torch.cuda.max_memory_allocated``: the peak that gsplat's simple trainer
+    reports as ``mem``; the caching allocator's reserve and the CUDA context come on top);
+    None for any other device."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
 
 
 def export_ply(params: dict[str, Tensor], path: str | Path, antialiased: bool = False) -> Path:
