@@ -161,14 +161,13 @@ def read_metrics(path: Path) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {key} is not a number ({value!r})")
         out[name] = float(value)
-    # absent from runs of older versions; None on Windows (the RSS) and off CUDA (the device)
-    for key in ("peak_rss_mib", "peak_device_mib"):
-        peak = data.get(key)
-        out[key] = float(peak) if isinstance(peak, (int, float)) and not isinstance(
-            peak, bool) else None
-    cc = data.get("cc_psnr")  # the colour-corrected test PSNR; absent from older runs
-    out["cc_psnr"] = float(cc) if isinstance(cc, (int, float)) and not isinstance(
-        cc, bool) else None
+    # optional, None when absent or not a number: the colour-corrected test PSNR and the
+    # peaks are absent from runs of older versions, the RSS is None on Windows and the
+    # device's off CUDA
+    for key in ("cc_psnr", "peak_rss_mib", "peak_device_mib"):
+        value = data.get(key)
+        out[key] = float(value) if isinstance(value, (int, float)) and not isinstance(
+            value, bool) else None
     return out
 
 
