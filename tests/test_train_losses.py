@@ -7,6 +7,7 @@ import pytest
 import torch
 from skimage.metrics import structural_similarity
 
+from tilesplat.train.step import metrics
 from tilesplat.train.step.losses import l1_loss, photometric_loss, ssim, ssim_map
 from tilesplat.train.step.metrics import make_lpips, psnr, ssim_metric
 
@@ -119,3 +120,44 @@ def test_lpips_is_optional():
     if score is not None:  # weights may be unavailable offline
         a = torch.rand(32, 32, 3)
         assert score(a, a) < 1e-6
+
+
+def _squared_error_by_hand(render, target, masks):
+    """The mean over the kept pixels in numpy float64, pixel by pixel of the mask."""
+    r, t = render.numpy().astype(np.float64), target.numpy().astype(np.float64)
+    sq = (r - t) ** 2
+    if masks is None:
+        return sq.mean()
+    keep = masks.numpy()
+    return sq[keep].sum() / (keep.sum() * r.shape[-1]) if keep.any() else math.nan
+
+
+@pytest.mark.parametrize("part", [1, 7, 1 << 16])
+@pytest.mark.parametrize("shape", [(1, 13, 17, 3), (2, 9, 31, 3), (1, 1, 1, 1)])
+def test_squared_error_in_parts_is_the_float64_mean(monkeypatch, part, shape):
+    """The CPU's parts (one pixel, a size that leaves a remainder, the default) give the
+    float64 mean of every element, or of the kept pixels; a NaN target under a hidden pixel
+    stays out; a mask that keeps nothing gives NaN; float64 images too."""
+    monkeypatch.setattr(metrics, "CPU_PART_PIXELS", part)
+    gen = torch.Generator().manual_seed(sum(shape) + part)
+    render = torch.rand(shape, generator=gen)
+    target = torch.rand(shape, generator=gen)
+    masks = torch.rand(shape[:-1], generator=gen) > 0.4
+    masks.view(-1)[0] = True
+    target_nan = target.clone()
+    target_nan[~masks] = math.nan
+    for r, t, m in [(render, target, None), (render, target_nan, masks),
+                    (render.double(), target.double(), masks)]:
+        got = metrics.squared_error(r, t, m)
+        assert got.dtype == torch.float64 and got.shape == ()
+        assert float(got) == pytest.approx(_squared_error_by_hand(r, t, m), rel=1e-12)
+    none_kept = metrics.squared_error(render, target, torch.zeros_like(masks))
+    assert math.isnan(float(none_kept))
+    assert float(metrics.squared_error(render, render)) == 0.0
+
+
+def test_squared_error_of_no_pixels_and_of_other_shapes():
+    empty = torch.zeros(1, 0, 5, 3)
+    assert math.isnan(float(metrics.squared_error(empty, empty)))
+    with pytest.raises(ValueError, match="differ in shape"):
+        metrics.squared_error(torch.zeros(1, 4, 4, 3), torch.zeros(1, 4, 5, 3))

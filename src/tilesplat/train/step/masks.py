@@ -33,7 +33,7 @@ from ...backends.torch.ssim import ssim_map
 from ...constants import SSIM_SIGMA, SSIM_WINDOW
 from . import losses
 from .losses import ssim
-from .metrics import psnr_of_mse
+from .metrics import psnr_of_mse, squared_error
 
 
 def batch_masks(masks: Sequence[Tensor | None]) -> Tensor | None:
@@ -72,20 +72,6 @@ def photometric_loss(
     share = kept / render.numel()
     loss = (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim(render, target, backend)) / share
     return loss, l1.detach()
-
-
-@torch.no_grad()
-def squared_error(render: Tensor, target: Tensor, masks: Tensor | None) -> Tensor:
-    """Mean squared error over the kept pixels, a float64 [] tensor on the images' device
-    (not read back); NaN when the masks keep no pixel (a mean over nothing is undefined).
-    render, target: [C, H, W, 3]."""
-    diff = (render.double() - target.double()) ** 2
-    if masks is None:
-        return diff.mean()
-    keep = masks[..., None]
-    kept = keep.sum()
-    mean = torch.where(keep, diff, 0.0).sum() / (kept.clamp_min(1) * diff.shape[-1])
-    return torch.where(kept > 0, mean, torch.nan)
 
 
 @torch.no_grad()

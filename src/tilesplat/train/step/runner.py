@@ -35,7 +35,7 @@ from ..models.splats import Optimizers, Params, means_rate, set_learning_rates
 from .batch import Batch
 from .capacity import BLOCKED, StepCapacity, overflowed
 from .cuda_graph import StepGraph, use_rate_tensors
-from .masks import squared_error as masked_error
+from .metrics import squared_error as masked_error
 from .optimization import StepPlan, optimization_step
 
 
