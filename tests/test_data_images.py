@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tilesplat.io import images
 from tilesplat.io.images import image_size, read_image, resize_image, to_uint8, write_png
 
 
@@ -27,6 +28,24 @@ def test_float_and_tensor_inputs_round_to_nearest(tmp_path):
     back = np.asarray(Image.open(tmp_path / "f.png"))
     assert back.tolist() == [[[0, 128, 255], [0, 255, 128]]]
     assert to_uint8(np.full((2, 2), np.nan, np.float32)).max() == 0
+
+
+@pytest.mark.parametrize("part", [1, 5, 1 << 16])
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_quantisation_in_parts_is_the_whole_float64_one(monkeypatch, part, channels):
+    """Parts of one pixel, of a size that leaves a remainder, and the default give what one
+    float64 pass over the whole image gives: ties (k + 0.5) / 255 to even, NaN as 0, +-inf
+    and out-of-range values clipped; float16/32/64 and a non-contiguous view."""
+    monkeypatch.setattr(images, "QUANTISE_PIXELS", part)
+    rng = np.random.default_rng(part + channels)
+    base = rng.uniform(-0.1, 1.1, (13, 7, channels))
+    base.flat[:8] = [np.nan, np.inf, -np.inf, 0.5 / 255, 1.5 / 255, 2.5 / 255, 254.5 / 255, 1.0]
+    for arr in (base, base.astype(np.float32), base.astype(np.float16),
+                base.astype(np.float32).transpose(1, 0, 2)):
+        want = np.round(np.clip(np.nan_to_num(arr.astype(np.float64), nan=0.0), 0, 1) * 255)
+        got = to_uint8(arr[:, :, 0] if channels == 1 and arr is base else arr)
+        assert got.dtype == np.uint8 and got.shape == arr.shape
+        np.testing.assert_array_equal(got, want.astype(np.uint8))
 
 
 def test_grey_image_reads_as_rgb(tmp_path):

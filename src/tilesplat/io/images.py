@@ -21,12 +21,19 @@ from PIL import Image, UnidentifiedImageError
 
 from .atomic import atomic_writer
 
+# pixels quantised at a time: float64 temporaries of at most 2 MiB, where whole ones of a
+# 3000x2000 render were ~140 MB each (five of them at once)
+QUANTISE_PIXELS = 1 << 16
+
 
 def to_uint8(image: torch.Tensor | np.ndarray) -> np.ndarray:
     """An image as uint8 [H, W, C] (C in 1, 3, 4).
 
+    A float value is clipped to [0, 1] (NaN as 0), times 255 in float64 (exact for float32)
+    and rounded to nearest (ties to even), :data:`QUANTISE_PIXELS` pixels at a time.
+
     Args:
-        image: [H, W, C] or [H, W]; float in [0, 1] (clipped, rounded to nearest) or uint8.
+        image: [H, W, C] or [H, W]; float in [0, 1] or uint8.
     """
     if isinstance(image, torch.Tensor):
         image = image.detach().to("cpu").numpy()
@@ -39,8 +46,16 @@ def to_uint8(image: torch.Tensor | np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(arr)
     if not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"expected a float image in [0, 1] or uint8, got dtype {arr.dtype}")
-    arr = np.nan_to_num(arr.astype(np.float64), nan=0.0)
-    return np.ascontiguousarray(np.round(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8))
+    flat = arr.reshape(-1, arr.shape[2])  # a view where the image is contiguous
+    out = np.empty(flat.shape, dtype=np.uint8)
+    for i in range(0, flat.shape[0], QUANTISE_PIXELS):
+        part = flat[i:i + QUANTISE_PIXELS].astype(np.float64)
+        np.nan_to_num(part, copy=False, nan=0.0)
+        np.clip(part, 0.0, 1.0, out=part)
+        part *= 255.0
+        np.rint(part, out=part)
+        out[i:i + QUANTISE_PIXELS] = part
+    return out.reshape(arr.shape)
 
 
 def write_png(path: str | Path, image: torch.Tensor | np.ndarray, compress_level: int = 6) -> Path:
