@@ -96,6 +96,33 @@ if not INNER:
             trainer.train_step(2)
 
     @pytest.mark.usefixtures("one_torch_thread")
+    def test_a_step_waiting_for_its_flag_holds_no_image(tmp_path):
+        """Without a capacity no step is redone: once a step has returned, its batch and
+        its render are freed (the next step would otherwise hold two targets and two
+        renders at its size), and its flag is still read after the next step."""
+        import weakref
+
+        trainer = _trainer(tmp_path, "cpu")
+        assert trainer.steps.capacity is None
+        runner, queue, held = trainer.steps, trainer.steps._queue, []
+
+        def watched(step, batch, set_rates=True):
+            attempt = queue(step, batch, set_rates)
+            held.append((weakref.ref(batch.target), weakref.ref(attempt.res.colors)))
+            return attempt
+
+        runner._queue = watched
+        trainer.train_step(0)
+        target, colors = held[-1]
+        assert target() is None and colors() is None
+        pending = runner._unchecked
+        assert pending.step == 0 and pending.batch is None and pending.res is None
+        assert pending.read is not None  # its flag's host copy, read by the next step
+        trainer.train_step(1)
+        assert runner._unchecked.step == 1 and runner._unchecked.batch is None
+
+
+    @pytest.mark.usefixtures("one_torch_thread")
     def test_a_nan_before_a_checkpoint_stops_it(tmp_path):
         trainer = _trainer(tmp_path, "cpu")
         with torch.no_grad():

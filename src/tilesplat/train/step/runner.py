@@ -54,7 +54,7 @@ class Attempt:
     """One queued run of a step: its batch (kept for a redo), its flag and its result."""
 
     step: int
-    batch: Batch
+    batch: Batch | None  # None once only the flag waits (:meth:`flag_only`)
     finite: FiniteFlag
     res: Any
     replayed: bool = False  # res holds a CUDA graph's tensors, rewritten by its next replay
@@ -63,8 +63,15 @@ class Attempt:
     def result(self) -> tuple[Tensor, Tensor]:
         """(loss [], squared error [] float64) of the step, on the device."""
         res, batch = self.res, self.batch
+        assert batch is not None, "the result of an attempt whose batch was let go"
         loss = res.loss.clone() if self.replayed else res.loss
         return loss, masked_error(res.colors.clamp(0.0, 1.0), batch.target, batch.masks)
+
+    def flag_only(self) -> Attempt:
+        """This attempt without its batch and its render, which a step that cannot be redone
+        no longer needs (its target and render: two images at the step's size, 0.13 GiB at
+        3000x2000), for the flag read after the next step."""
+        return dataclasses.replace(self, batch=None, res=None)
 
 
 class StepRunner:
@@ -133,7 +140,10 @@ class StepRunner:
             # the previous step overflowed its capacity, and this one was skipped after it
             self._unchecked = None
             attempt = self._redo([pending, attempt])
-        return attempt.result()
+        result = attempt.result()
+        if self.capacity is None and self._unchecked is attempt:
+            self._unchecked = attempt.flag_only()  # only a capacity's overflow redoes a step
+        return result
 
     def settle(self) -> None:
         """Settle the last step not yet checked: raise if it met NaN or Inf (its Adam update
@@ -240,6 +250,7 @@ class StepRunner:
         assert self.capacity is not None
         redone = chain[-1]
         for a in chain:
+            assert a.batch is not None, "a step to redo kept its batch"
             redone = self._attempt(a.step, a.batch)
             tries = 0
             while self._check(redone):
