@@ -150,6 +150,22 @@ def test_an_evaluation_of_the_psnr_alone_gives_the_same_psnr():
     assert strips["psnr"] == pytest.approx(full["psnr"], rel=1e-6) and "cc_psnr" in strips
 
 
+def test_an_evaluation_lets_go_of_the_pooled_buffers():
+    """The training step's pooled buffers are not kept through an evaluation (at 3000x2000
+    ~0.3 GiB that the evaluation does not use)."""
+    from tilesplat.backends.cpu import buffer_pool
+
+    buffer_pool.clear()
+    pooled = buffer_pool.take((buffer_pool.MIN_BYTES,), torch.uint8)
+    assert pooled is not None and buffer_pool.held_bytes() >= buffer_pool.MIN_BYTES
+    del pooled  # idle in the pool, as a step's buffers are between steps
+    cfg = TrainConfig(sh_degree=1, backend="cpu", lpips=False).validate()
+    params, frame = _small_gaussians(48, 32)
+    frames = [Frame("v0", frame.viewmat, frame.K, 48, 32, image=torch.rand(32, 48, 3))]
+    assert evaluate(params, frames, cfg, (0.0, 0.0, 0.0))["n_views"] == 1
+    assert buffer_pool.held_bytes() == 0
+
+
 def test_spaced_views_are_evenly_spaced_and_the_same_each_time():
     frames = list(range(10))
     assert spaced_views(frames, 0) == frames

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...backends.cpu import buffer_pool
 from ...data.dataset import Frame
 from ...data.lens import stacked
 from ...io.images import write_png
@@ -123,7 +124,8 @@ def evaluate(
     psnr_only: bool = False,
 ) -> dict[str, Any]:
     """Render every frame, compare with its image, optionally write the renders as PNG; one
-    view at a time, each PNG written (atomically) as its view finishes.
+    view at a time, each PNG written (atomically) as its view finishes. The cpu backend's
+    pooled buffers (``backends/cpu/buffer_pool.py``) are let go first.
 
     The views render on the config's device (:func:`.device.training_device`; the
     parameters are moved there when they are elsewhere), the PNGs and numbers come back
@@ -154,6 +156,10 @@ def evaluate(
     """
     if not frames:
         raise ValueError("no frames to evaluate")
+    # the cpu backend's pool keeps the training step's large buffers (the SSIM's maps, the
+    # gradients: ~0.3 GiB at 3000x2000) for the next step; an evaluation uses few of them
+    # and would stand on the others (docs/benchmarks.md, "Real-size capture")
+    buffer_pool.clear()
     device = training_device(cfg)
     params = {k: v.to(device) for k, v in params.items()}  # no copy when they are there
     folder = Path(out_dir) if out_dir is not None else None
