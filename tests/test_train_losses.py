@@ -161,3 +161,37 @@ def test_squared_error_of_no_pixels_and_of_other_shapes():
     assert math.isnan(float(metrics.squared_error(empty, empty)))
     with pytest.raises(ValueError, match="differ in shape"):
         metrics.squared_error(torch.zeros(1, 4, 4, 3), torch.zeros(1, 4, 5, 3))
+
+
+def _colour_fit_by_hand(render, target):
+    """The quadratic colour fit of the whole view in numpy float64 (one pass, no parts): the
+    fitted image, its squared error and the render's."""
+    x = render.reshape(-1, 3).numpy().astype(np.float64)
+    y = target.reshape(-1, 3).numpy().astype(np.float64)
+    i, j = np.triu_indices(3)
+    a = np.concatenate([x[:, i] * x[:, j], x, np.ones((len(x), 1))], axis=1)
+    identity = np.zeros((10, 3))
+    identity[6:9] = np.eye(3)
+    gram = a.T @ a + metrics.CC_RIDGE * len(a) * np.eye(10)
+    fitted = np.clip(a @ (identity + np.linalg.solve(gram, a.T @ (y - x))), 0.0, 1.0)
+    return fitted.reshape(render.shape), ((fitted - y) ** 2).sum(), ((x - y) ** 2).sum()
+
+
+@pytest.mark.parametrize("part", [1, 7, 1 << 13])
+@pytest.mark.parametrize("shape", [(13, 17, 3), (97, 91, 3)])
+def test_the_colour_fit_in_parts_is_the_whole_views(monkeypatch, part, shape):
+    """The CPU's parts (one pixel, a size that leaves a remainder, the default, a view of
+    more pixels than the default) fit the same polynomial as one float64 pass over the view;
+    a render equal to its image comes back as it is."""
+    monkeypatch.setattr(metrics, "CC_PART_PIXELS", part)
+    gen = torch.Generator().manual_seed(sum(shape) + part)
+    render = torch.rand(shape, generator=gen)
+    # a colour cast and noise: the fit has something to correct, and it clamps at 1
+    target = (render * torch.tensor([0.8, 1.1, 0.9]) + 0.05
+              + 0.02 * torch.randn(shape, generator=gen)).clamp(0.0, 1.0)
+    want, fit_sq, plain_sq = _colour_fit_by_hand(render, target)
+    assert fit_sq < plain_sq
+    got = metrics.color_correct(render, target)
+    assert got.dtype == torch.float32 and got.shape == render.shape
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-6)
+    assert metrics.color_correct(render, render) is render

@@ -33,7 +33,7 @@ from torch import Tensor
 from ...backends.torch.ssim import ssim_map
 from ...constants import SSIM_SIGMA, SSIM_WINDOW
 from ...data.dataset import Frame
-from ..step.metrics import CC_RIDGE, psnr_of_mse, quadratic_features, ssim_metric
+from ..step.metrics import colour_weights, psnr_of_mse, quadratic_features, ssim_metric
 
 TILE = 16  # crops start on the rasterizer's tile grid (its tile size)
 
@@ -156,10 +156,7 @@ def _colour_fit(image: Tensor, target: Tensor, gram: Tensor, rhs: Tensor, sq: fl
     :func:`..step.metrics.color_correct` fits them on the whole view (the render itself
     when the fit does not lower the error)."""
     height, width = image.shape[:2]
-    eye = torch.eye(10, dtype=torch.float64, device=gram.device)
-    identity = torch.zeros(10, 3, dtype=torch.float64, device=gram.device)
-    identity[6:9] = torch.eye(3, dtype=torch.float64, device=gram.device)
-    weights = identity + torch.linalg.solve(gram + CC_RIDGE * height * width * eye, rhs)
+    weights = colour_weights(gram, rhs, height * width)
     fit_sq = cc_sq = cc_ssim = 0.0
     for y0, y1 in strips:
         rows = slice(y0, min(height, y1 + SSIM_WINDOW - 1))  # the strip and its overlap

@@ -14,6 +14,9 @@ from .losses import ssim
 
 # pixels of one float64 part on the CPU: three temporaries of 1.5 MiB, reused from the heap
 CPU_PART_PIXELS = 1 << 16
+# pixels of one part of the colour fit on the CPU: its float64 features and temporaries take
+# ~180 bytes a pixel, ~1.5 MiB a part
+CC_PART_PIXELS = 1 << 13
 
 
 @torch.no_grad()
@@ -77,6 +80,17 @@ def quadratic_features(rgb: Tensor) -> Tensor:
     return torch.cat([rgb[:, i] * rgb[:, j], rgb, torch.ones_like(rgb[:, :1])], dim=1)
 
 
+def colour_weights(gram: Tensor, rhs: Tensor, pixels: int) -> Tensor:
+    """The colour fit's weights [10, 3] (float64) from its normal equations summed over
+    ``pixels`` pixels: ``gram`` = sum of aᵀa [10, 10] and ``rhs`` = sum of aᵀ(target -
+    render) [10, 3], ``a`` the render's :func:`quadratic_features`. Solved for the change from
+    the identity, with a ridge of :data:`CC_RIDGE` a pixel that pulls towards it."""
+    eye = torch.eye(10, dtype=torch.float64, device=gram.device)
+    identity = torch.zeros(10, 3, dtype=torch.float64, device=gram.device)
+    identity[6:9] = eye[:3, :3]
+    return identity + torch.linalg.solve(gram + CC_RIDGE * pixels * eye, rhs)
+
+
 @torch.no_grad()
 def color_correct(render: Tensor, target: Tensor) -> Tensor:
     """``render`` [H, W, 3] mapped onto ``target``'s colours: each output channel a quadratic
@@ -90,24 +104,41 @@ def color_correct(render: Tensor, target: Tensor) -> Tensor:
     white background unconstrained), it scores the shapes and shading of a model whose
     colours are those of no photo in particular (``post_processing``), and of a model that is
     not compensated, on one scale.
+
+    On the CPU the float64 work is done :data:`CC_PART_PIXELS` pixels at a time (the normal
+    equations summed over the parts, then the fit applied part by part): the whole view's
+    float64 features and temporaries are ~180 bytes a pixel, 15 MB at 288x288, that the
+    final evaluation stood on (docs/training.md). A GPU takes the view in one part.
     """
     if render.shape != target.shape or render.shape[-1] != 3:
         raise ValueError(
             f"color_correct: needs two [H, W, 3] images, got {tuple(render.shape)} and "
             f"{tuple(target.shape)}"
         )
-    x = render.reshape(-1, 3).double()
-    y = target.reshape(-1, 3).double()
-    a = quadratic_features(x)  # [M, 10]
-    identity = torch.zeros(10, 3, dtype=a.dtype, device=a.device)
-    identity[6:9] = torch.eye(3, dtype=a.dtype, device=a.device)
-    gram = a.T @ a + CC_RIDGE * len(a) * torch.eye(10, dtype=a.dtype, device=a.device)
-    # solved for the change from the identity, so that the ridge pulls towards it
-    weights = identity + torch.linalg.solve(gram, a.T @ (y - x))
-    fitted = (a @ weights).clamp(0.0, 1.0)
-    if float(((fitted - y) ** 2).sum()) >= float(((x - y) ** 2).sum()):
+    x_all, y_all = render.reshape(-1, 3), target.reshape(-1, 3)
+    pixels = x_all.shape[0]
+    part = CC_PART_PIXELS if render.device.type == "cpu" else max(pixels, 1)
+    starts = range(0, max(pixels, 1), part)
+    gram = torch.zeros(10, 10, dtype=torch.float64, device=render.device)
+    rhs = torch.zeros(10, 3, dtype=torch.float64, device=render.device)
+    for i in starts:
+        x, y = x_all[i:i + part].double(), y_all[i:i + part].double()
+        a = quadratic_features(x)  # [part, 10]
+        gram += a.T @ a
+        rhs += a.T @ (y - x)
+    weights = colour_weights(gram, rhs, pixels)
+    out = torch.empty_like(x_all)
+    fit_sq = torch.zeros((), dtype=torch.float64, device=render.device)
+    plain_sq = torch.zeros_like(fit_sq)
+    for i in starts:
+        x, y = x_all[i:i + part].double(), y_all[i:i + part].double()
+        fitted = (quadratic_features(x) @ weights).clamp_(0.0, 1.0)
+        fit_sq += (fitted - y).square_().sum()
+        plain_sq += (x - y).square_().sum()
+        out[i:i + part] = fitted
+    if float(fit_sq) >= float(plain_sq):
         return render
-    return fitted.reshape(render.shape).to(render.dtype)
+    return out.reshape(render.shape)
 
 
 def make_lpips(net: str = "alex") -> Callable[[Tensor, Tensor], float] | None:
