@@ -19,6 +19,13 @@ CPU_PART_PIXELS = 1 << 16
 CC_PART_PIXELS = 1 << 13
 
 
+def _parts(pixels: int, device: torch.device, size: int) -> list[slice]:
+    """Slices of at most ``size`` pixels on the CPU (the whole on a GPU) covering ``pixels``
+    pixels in order; one empty slice for none (its sums are 0)."""
+    step = size if device.type == "cpu" else max(pixels, 1)
+    return [slice(i, i + step) for i in range(0, max(pixels, 1), step)]
+
+
 @torch.no_grad()
 def squared_error(render: Tensor, target: Tensor, masks: Tensor | None = None) -> Tensor:
     """Mean squared error over the pixels ``masks`` keeps (every pixel for None), a float64
@@ -37,12 +44,11 @@ def squared_error(render: Tensor, target: Tensor, masks: Tensor | None = None) -
     channels = render.shape[-1]
     r, t = render.reshape(-1, channels), target.reshape(-1, channels)
     keep = None if masks is None else masks.reshape(-1, 1)
-    part = CPU_PART_PIXELS if render.device.type == "cpu" else max(r.shape[0], 1)
     sums = []
-    for i in range(0, max(r.shape[0], 1), part):  # no pixels: one empty part, a sum of 0
-        sq = (r[i:i + part].double() - t[i:i + part].double()).square_()
+    for part in _parts(r.shape[0], render.device, CPU_PART_PIXELS):
+        sq = (r[part].double() - t[part].double()).square_()
         if keep is not None:  # where, not a product: a NaN under a hidden pixel stays out
-            sq = torch.where(keep[i:i + part], sq, 0.0)
+            sq = torch.where(keep[part], sq, 0.0)
         sums.append(sq.sum())
     total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
     if masks is None:
@@ -117,12 +123,11 @@ def color_correct(render: Tensor, target: Tensor) -> Tensor:
         )
     x_all, y_all = render.reshape(-1, 3), target.reshape(-1, 3)
     pixels = x_all.shape[0]
-    part = CC_PART_PIXELS if render.device.type == "cpu" else max(pixels, 1)
-    starts = range(0, max(pixels, 1), part)
+    parts = _parts(pixels, render.device, CC_PART_PIXELS)
     gram = torch.zeros(10, 10, dtype=torch.float64, device=render.device)
     rhs = torch.zeros(10, 3, dtype=torch.float64, device=render.device)
-    for i in starts:
-        x, y = x_all[i:i + part].double(), y_all[i:i + part].double()
+    for part in parts:
+        x, y = x_all[part].double(), y_all[part].double()
         a = quadratic_features(x)  # [part, 10]
         gram += a.T @ a
         rhs += a.T @ (y - x)
@@ -130,12 +135,12 @@ def color_correct(render: Tensor, target: Tensor) -> Tensor:
     out = torch.empty_like(x_all)
     fit_sq = torch.zeros((), dtype=torch.float64, device=render.device)
     plain_sq = torch.zeros_like(fit_sq)
-    for i in starts:
-        x, y = x_all[i:i + part].double(), y_all[i:i + part].double()
+    for part in parts:
+        x, y = x_all[part].double(), y_all[part].double()
         fitted = (quadratic_features(x) @ weights).clamp_(0.0, 1.0)
         fit_sq += (fitted - y).square_().sum()
         plain_sq += (x - y).square_().sum()
-        out[i:i + part] = fitted
+        out[part] = fitted
     if float(fit_sq) >= float(plain_sq):
         return render
     return out.reshape(render.shape)
