@@ -47,7 +47,7 @@ def test_large_images_stretch_the_schedule_in_proportion_to_their_pixels():
     long = TrainConfig(resolution_full_at=0.95, resolution_ref_pixels=1)
     assert schedule_span(long, 10**6) == 0.95  # a longer span than the cap is kept
     fast = apply_overrides(TrainConfig(), ["recipe=fast"])
-    assert fast.resolution_ref_pixels == 50_000
+    assert fast.resolution_ref_pixels == 16_000
     assert apply_overrides(fast, ["recipe=3dgs"]).resolution_ref_pixels == 0
 
 

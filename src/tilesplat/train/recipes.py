@@ -9,10 +9,11 @@ the keys the other recipes change back to their defaults (:func:`.seams.preset`)
 
 - ``3dgs``: the paper's recipe, as gsplat's simple trainer (the defaults).
 - ``fast``: the same quality in less time (docs/training.md, "The fast recipe"): a run of its
-  own length (1,100 steps, 0.37 of the 3DGS recipe's, ended sooner when the test PSNR stops
-  rising: ``early_stop_patience``) within a Gaussian budget (``strategy = "budget"``,
-  ``cap_max``, more on large images: ``cap_per_pixel``), coarse images first (the
-  resolution schedule, longer on large images: ``resolution_ref_pixels``), densification
+  own length (1,100 steps, 0.37 of the 3DGS recipe's, ended sooner when the test PSNR of 5
+  test views stops rising: ``early_stop_patience``, ``eval_max_views``) within a Gaussian
+  budget (``strategy = "budget"``, ``cap_max``, more on large images: ``cap_per_pixel``),
+  coarse images first (the resolution schedule, longer on larger images:
+  ``resolution_ref_pixels``), densification
   early and often by the absolute screen-space gradient (AbsGS) from fewer random initial
   points, a split's children at the opacity that composites like their parent
   (``revised_opacity``), the SH degree raised every 250 steps,
@@ -41,10 +42,16 @@ FAST: dict[str, Any] = {
     # ... and it ends sooner when the held-out (test) PSNR, measured every 220 steps (a fifth
     # of the run, so that the last evaluation is the last step's and the history's curve
     # reaches the end), has not risen by early_stop_min_db (0.02 dB) in 2 evaluations (440
-    # steps); the five evaluations cost ~1 s each on the built-in scene (20 test views) and
-    # change no trained bit
+    # steps); the evaluations change no trained bit
     "eval_every": 220,
     "early_stop_patience": 2,
+    # ... over at most 5 of the test views (the same ones each time, evenly spaced; the run's
+    # end still scores every view): the evaluations during training are this recipe's own
+    # cost, which the 3DGS recipe (one evaluation, at the end) does not pay. Over all of
+    # garden-views' 15 views the five took ~1.2 s of its ~37 s run; over 5, a third. On a
+    # capture of 6 MP images and 30 test views, each view a second's render on the CPU, the
+    # five evaluations would cost minutes
+    "eval_max_views": 5,
     # a Gaussian budget: growth within a count that rises linearly from the count at
     # refine_start (100) to cap_max at refine_stop (700), the candidates with the largest
     # gradients first (strategy/budget.py): AbsGS's growth has no bound of its own, and a
@@ -68,14 +75,18 @@ FAST: dict[str, Any] = {
     # Gaussians still grows
     "resolution_start": 4,
     "resolution_full_at": 0.2,
-    # ... longer on large images: a largest training image of P > 50,000 pixels stretches
-    # that span to 0.2 x P / 50,000 of the steps (at most 0.9). A step's cost there is mostly
-    # per pixel, and the 3DGS recipe's Gaussians are not many more than this recipe's, so at
-    # full size from step 147 the run's cost came to 0.375 of the 3DGS recipe's on the room
-    # at 512x384 (196,608 pixels; span 0.79 with it: 0.29, the PSNR still +1.4 dB above the
-    # 3DGS recipe's; docs/training.md, "The schedule on large images"). The scenes the recipe
-    # was tuned on have 40,000-68,000 pixels
-    "resolution_ref_pixels": 50_000,
+    # ... longer on larger images: a largest training image of P > 16,000 pixels stretches
+    # that span to 0.2 x P / 16,000 = P / 80,000 of the steps (at most 0.9). A step's cost
+    # there is mostly per pixel, and the coarse levels still hold many pixels: on garden-views
+    # (68,040 pixels, span 0.85: a quarter size to step 311, a half to 623) the run took 10 %
+    # less CPU than with the span 0.27 of P / 250,000 (the reference was 50,000 until then),
+    # at +0.07 to +0.48 dB over the 3DGS recipe; the built-in scene (span 0.5), the room at
+    # 256x192 (0.61) and the object at 288x288 (0.9) stayed 0.13-0.45 dB above it
+    # (docs/training.md, "A longer coarse phase"). Images under 16,000 pixels keep the span
+    # of 0.2 (the room and the OPENCV capture at 128x96, the fisheye capture at 141x105). The
+    # earlier reference of 50,000: the room at 512x384 came to 0.29 of the 3DGS recipe's cost
+    # instead of 0.375 ("The schedule on large images")
+    "resolution_ref_pixels": 16_000,
     # densify from step 100 to 700, every 50 steps: the set of Gaussians is whole early
     "refine_start": 100,
     "refine_stop": 700,
