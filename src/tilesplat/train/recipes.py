@@ -78,7 +78,7 @@ FAST: dict[str, Any] = {
     # ... longer on larger images: a largest training image of P > 16,000 pixels stretches
     # that span to 0.2 x P / 16,000 = P / 80,000 of the steps (at most 0.9). A step's cost
     # there is mostly per pixel, and the coarse levels still hold many pixels: on garden-views
-    # (68,040 pixels, span 0.85: a quarter size to step 311, a half to 623) the run took 10 %
+    # (68,040 pixels, span 0.85: a quarter size to step 311, a half to 623) the run took 10-20 %
     # less CPU than with the span 0.27 of P / 250,000 (the reference was 50,000 until then),
     # at +0.07 to +0.48 dB over the 3DGS recipe; the built-in scene (span 0.5), the room at
     # 256x192 (0.61) and the object at 288x288 (0.9) stayed 0.13-0.45 dB above it
