@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,7 +116,16 @@ def run(args: argparse.Namespace) -> int:
 
         training_device(cfg)  # a device this machine cannot give fails before any work
         job = (cfg, None, [])
-    train_job(job, nproc)
+    # the ~220,000 objects the imports made (torch's, Numba's) live as long as the process:
+    # moved out of the collector's reach for the run, its full collections (five in a fast
+    # run on the built-in scene, one of them freeing the trainer before the evaluation) walk
+    # only what came after: 0.17-0.22 s in all instead of 0.40. A caller's process (a test
+    # calling the CLI in-process) gets them back afterwards
+    gc.freeze()
+    try:
+        train_job(job, nproc)
+    finally:
+        gc.unfreeze()
     return 0
 
 

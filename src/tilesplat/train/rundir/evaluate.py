@@ -57,6 +57,11 @@ KEYS = (
 )
 seams.register_keys("evaluation (train/rundir/evaluate.py)", KEYS)
 
+# zlib level of the renders' PNGs: 1 encodes garden-views' 324x210 renders in 3.9 ms instead of
+# Pillow's default 6's 16.1 (a 3000x2000 render in 0.21 s instead of 0.75), for 9-33 % more
+# bytes; the pixels are the same (lossless either way)
+RENDER_PNG_LEVEL = 1
+
 
 def render_view(
     params: dict[str, Tensor], frame: Frame, cfg: TrainConfig, background: Sequence[float]
@@ -204,7 +209,7 @@ def evaluate(
             view["lpips"] = lpips_fn(image, target)
         if folder is not None:
             name = _file_name(frame, i, used)
-            write_png(folder / name, image)
+            write_png(folder / name, image, compress_level=RENDER_PNG_LEVEL)
             if rendered is not None:  # the kind's own pictures beside it
                 model.write_renders(folder, name, rendered)
         views.append(view)
