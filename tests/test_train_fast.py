@@ -256,7 +256,8 @@ def test_the_fast_recipe_chooses_its_length_budget_and_stop(tmp_path):
     from tilesplat.train.config import load_config, save_config
 
     fast = apply_overrides(TrainConfig(), ["recipe=fast"])
-    chosen = ("steps", "eval_every", "early_stop_patience", "strategy", "cap_max")
+    chosen = ("steps", "eval_every", "early_stop_patience", "eval_max_views", "strategy",
+              "cap_max", "resolution_ref_pixels")
     assert {k: getattr(fast, k) for k in chosen} == {k: FAST[k] for k in chosen}
     assert fast.strategy == "budget" and fast.steps < TrainConfig().steps
     # the saved config.toml holds the effective values, and loads as it was saved

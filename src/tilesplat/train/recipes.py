@@ -13,10 +13,9 @@ the keys the other recipes change back to their defaults (:func:`.seams.preset`)
   test views stops rising: ``early_stop_patience``, ``eval_max_views``) within a Gaussian
   budget (``strategy = "budget"``, ``cap_max``, more on large images: ``cap_per_pixel``),
   coarse images first (the resolution schedule, longer on larger images:
-  ``resolution_ref_pixels``), densification
-  early and often by the absolute screen-space gradient (AbsGS) from fewer random initial
-  points, a split's children at the opacity that composites like their parent
-  (``revised_opacity``), the SH degree raised every 250 steps,
+  ``resolution_ref_pixels``), densification early and often by the absolute screen-space
+  gradient (AbsGS) from fewer random initial points, a split's children at the opacity that
+  composites like their parent (``revised_opacity``), the SH degree raised every 250 steps,
   Adam with shorter memories (``adam_beta1``, ``adam_beta2``), three to four times the
   learning rates, the means' rate decaying tenfold instead of a hundredfold
   (``means_lr_final``), every other rate annealed to a tenth over the last fifth of the run
