@@ -120,10 +120,11 @@ def view(t: torch.Tensor) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # threads
 #
-# Kernels are plain ``@njit(nogil=True, cache=True, error_model="numpy")`` functions over work items
-# ``first, first + step, ...`` (tiles, or fixed blocks of Gaussians), run on ``step`` Python
-# threads (the caller and ``step - 1`` of a pool). Numba's ``parallel=True`` would do the same but costs ~5 s of compilation per kernel
-# and dtype; the work split is fixed by the items, so results never depend on the thread count.
+# Kernels are plain ``@njit(nogil=True, cache=True, error_model="numpy")`` functions over work
+# items ``first, first + step, ...`` (tiles, or fixed blocks of Gaussians), run on ``step``
+# Python threads (the caller and ``step - 1`` of a pool). Numba's ``parallel=True`` would do the
+# same but costs ~5 s of compilation per kernel and dtype; the work split is fixed by the items,
+# so results never depend on the thread count.
 
 BLOCK = 1024  # rows per work item of the per-Gaussian kernels
 
