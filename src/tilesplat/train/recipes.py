@@ -74,18 +74,18 @@ FAST: dict[str, Any] = {
     # Gaussians still grows
     "resolution_start": 4,
     "resolution_full_at": 0.2,
-    # ... longer on larger images: a largest training image of P > 10,000 pixels stretches
-    # that span to 0.2 x P / 10,000 = P / 50,000 of the steps (at most 0.8, SPAN_MAX in
-    # train/features/resolution.py). A step's cost there is mostly per pixel, and the coarse
-    # levels still hold many pixels. The built-in scene (40,000 pixels) gets 0.8: a quarter
-    # size through step 293, a half through 586, full size from 587. Its fast run alone took
-    # 0.27-0.33 of the 3DGS run's wall time (9 pairs) instead of 0.29-0.36 with the reference of
-    # 16,000 (span 0.5), 0.20-0.37 dB above its PSNR (docs/training.md, "A shorter reference
-    # with a shorter cap"). Garden-views, the room at 256x192, the object at 288x288 and the
-    # room at 512x384 get 0.8 too; the fisheye capture (141x105) 0.3, the room and the OPENCV
-    # capture (128x96) 0.25; images under 10,000 pixels keep 0.2. The reference was 50,000
-    # first ("The schedule on large images"), then 16,000 ("A longer coarse phase")
-    "resolution_ref_pixels": 10_000,
+    # ... longer on larger images: a largest training image of P > 16,000 pixels stretches
+    # that span to 0.2 x P / 16,000 = P / 80,000 of the steps (at most 0.9). A step's cost
+    # there is mostly per pixel, and the coarse levels still hold many pixels: on garden-views
+    # (68,040 pixels, span 0.85: a quarter size to step 311, a half to 623) the run took 10-20 %
+    # less CPU than with the span 0.27 of P / 250,000 (the reference was 50,000 until then),
+    # at +0.07 to +0.48 dB over the 3DGS recipe; the built-in scene (span 0.5), the room at
+    # 256x192 (0.61) and the object at 288x288 (0.9) stayed 0.13-0.45 dB above it
+    # (docs/training.md, "A longer coarse phase"). Images under 16,000 pixels keep the span
+    # of 0.2 (the room and the OPENCV capture at 128x96, the fisheye capture at 141x105). The
+    # earlier reference of 50,000: the room at 512x384 came to 0.29 of the 3DGS recipe's cost
+    # instead of 0.375 ("The schedule on large images")
+    "resolution_ref_pixels": 16_000,
     # densify from step 100 to 700, every 50 steps: the set of Gaussians is whole early
     "refine_start": 100,
     "refine_stop": 700,

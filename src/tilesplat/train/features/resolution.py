@@ -32,12 +32,7 @@ from ...keys import Key
 from .. import seams
 
 MIN_SIDE = 16  # the smallest side of a coarse image, in pixels
-# the longest span resolution_ref_pixels stretches the schedule to (full size from 2/3 of it:
-# at 0.8 from step 587 of the fast recipe's 1,100). At 0.9 (full size from step 660) the room at
-# 256x192 spent its densification window (to step 700) at the coarse levels nearly to its end
-# and ended 0.24-0.35 dB below the 3DGS recipe; at 0.8, -0.08 to +0.23 dB (docs/training.md,
-# "A shorter reference with a shorter cap")
-SPAN_MAX = 0.8
+SPAN_MAX = 0.9  # the longest span resolution_ref_pixels stretches the schedule to
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -52,7 +47,7 @@ KEYS = (
         "2/3 of it on)", gt=0.0, le=1.0),
     Key("resolution_ref_pixels", 0, "resolution schedule: a run whose largest training image "
         "has more pixels than this stretches the schedule's span in proportion, to at most "
-        "0.8 of the steps (train/features/resolution.py); 0: the span is resolution_full_at "
+        "0.9 of the steps (train/features/resolution.py); 0: the span is resolution_full_at "
         "whatever the size", ge=0),
 )
 
