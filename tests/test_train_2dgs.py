@@ -110,6 +110,19 @@ def test_2dgs_run_learns_the_scene(trained):
     assert (params["scales"][:, 2] < thin).all()
 
 
+def _zlib_level_class(path):
+    """The FLEVEL field of a PNG's first IDAT zlib header: 0 for zlib levels 0-1, 1 for 2-5, 2
+    for 6 (Pillow's default), 3 for 7-9."""
+    data = path.read_bytes()
+    pos = 8  # after the signature: chunks of length, type, data, CRC
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] == b"IDAT":
+            return data[pos + 9] >> 6  # the byte after CMF
+        pos += 12 + length
+    raise AssertionError(f"{path}: no IDAT chunk")
+
+
 def test_2dgs_writes_normal_and_depth_renders(trained):
     data, run, _ = trained
     test = run / "renders" / "test"
@@ -120,6 +133,10 @@ def test_2dgs_writes_normal_and_depth_renders(trained):
         for name in names:
             img = read_image(test / sub / name)
             assert img.shape == (32, 32, 3) and np.isfinite(img).all(), (sub, name)
+    # the pictures go out at the colour renders' zlib level (1: the fastest class)
+    levels = {p.relative_to(test): _zlib_level_class(p) for p in test.rglob("*.png")}
+    assert len(levels) == 4 * (1 + len(RENDER_FOLDERS))
+    assert set(levels.values()) == {0}, levels
 
     # the tensors behind the pictures
     cfg, params, _ = load_run(run)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...io.images import write_png
+from ...io.images import RENDER_PNG_LEVEL, write_png
 
 # Pixels at least this opaque get a depth colour and a unit normal in the PNGs.
 OPAQUE = 0.5
@@ -50,7 +50,7 @@ def write_surfel_renders(
 ) -> None:
     """Write camera 0 of a surfel render as ``folder/{normal,normal_from_depth,depth}/name``
     PNGs (atomically): normals as 0.5 + 0.5 n (grey where transparent), the depth
-    colour-mapped over the opaque pixels (black elsewhere)."""
+    colour-mapped over the opaque pixels (black elsewhere), at the colour renders' zlib level."""
     alpha = alphas[0].detach()
     mask = (alpha[..., 0] >= OPAQUE).cpu().numpy()
     pictures = {
@@ -60,4 +60,4 @@ def write_surfel_renders(
     }
     for sub, image in pictures.items():
         (folder / sub).mkdir(parents=True, exist_ok=True)
-        write_png(folder / sub / name, image)
+        write_png(folder / sub / name, image, compress_level=RENDER_PNG_LEVEL)

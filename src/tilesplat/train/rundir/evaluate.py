@@ -30,7 +30,7 @@ from torch import Tensor
 from ...backends.cpu import buffer_pool
 from ...data.dataset import Frame
 from ...data.lens import stacked
-from ...io.images import write_png
+from ...io.images import RENDER_PNG_LEVEL, write_png
 from ...keys import Key
 from .. import seams
 from ..config import TrainConfig
@@ -56,11 +56,6 @@ KEYS = (
         "there, as gsplat's)", ge=0),
 )
 seams.register_keys("evaluation (train/rundir/evaluate.py)", KEYS)
-
-# zlib level of the renders' PNGs: 1 encodes garden-views' 324x210 renders in 3.9 ms instead of
-# Pillow's default 6's 16.1 (a 3000x2000 render in 0.21 s instead of 0.75), for 9-33 % more
-# bytes; the pixels are the same (lossless either way)
-RENDER_PNG_LEVEL = 1
 
 
 def render_view(
