@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..keys import Key
+from ..ops import elementwise
 from .base import SCHEDULE_KEYS, Optimizers, Params, Strategy, check_required
 from .ops import duplicate, remove, reset_opacity, split
 
@@ -223,9 +224,8 @@ class DefaultStrategy(Strategy):
     ) -> tuple[int, int]:
         grads = state["grad2d"] / state["count"].clamp_min(1)
         high = grads > self.grow_grad2d
-        small = (
-            params["scales"].exp().max(dim=-1).values <= self.grow_scale3d * state["scene_scale"]
-        )
+        largest = elementwise.exp(params["scales"]).max(dim=-1).values
+        small = largest <= self.grow_scale3d * state["scene_scale"]
         is_dup = high & small
         is_split = high & ~small
         if step < self.refine_scale2d_stop_iter:
@@ -253,10 +253,10 @@ class DefaultStrategy(Strategy):
 
     @torch.no_grad()
     def _prune(self, params: Params, optimizers: Optimizers, state: dict, step: int) -> int:
-        prune = torch.sigmoid(params["opacities"].flatten()) < self.prune_opa
+        prune = elementwise.sigmoid(params["opacities"].flatten()) < self.prune_opa
         if step > self.reset_every:
             too_big = (
-                params["scales"].exp().max(dim=-1).values
+                elementwise.exp(params["scales"]).max(dim=-1).values
                 > self.prune_scale3d * state["scene_scale"]
             )
             if step < self.refine_scale2d_stop_iter:

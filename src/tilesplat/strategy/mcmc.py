@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..keys import Key
+from ..ops import elementwise
 from .base import SCHEDULE_KEYS, Optimizers, Params, Strategy, check_required
 from .ops import inject_noise, relocate, relocation_table, sample_add
 
@@ -102,7 +103,7 @@ class MCMCStrategy(Strategy):
             raise TypeError("MCMCStrategy.step_post_backward needs lr= (the means' learning rate)")
         if self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0:
             table = _table()
-            dead = torch.sigmoid(params["opacities"].flatten()) <= self.min_opacity
+            dead = elementwise.sigmoid(params["opacities"].flatten()) <= self.min_opacity
             n_dead = int(dead.sum())
             if n_dead:
                 relocate(params, optimizers, dead, table, self.min_opacity)

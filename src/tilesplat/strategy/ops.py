@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..ops import elementwise
+
 Params = dict[str, torch.nn.Parameter] | torch.nn.ParameterDict
 Optimizers = dict[str, torch.optim.Optimizer]
 
@@ -99,7 +101,7 @@ def split(
     """
     sel = torch.where(mask)[0]
     rest = torch.where(~mask)[0]
-    scales = params["scales"][sel].exp()  # [S, 3]
+    scales = elementwise.exp(params["scales"][sel])  # [S, 3]
     rot = quat_to_rotmat(params["quats"][sel])  # [S, 3, 3]
     noise = torch.randn(2, len(sel), 3, device=scales.device, dtype=scales.dtype)
     offsets = torch.einsum("sij,sj,bsj->bsi", rot, scales, noise)  # [2, S, 3]
@@ -108,10 +110,10 @@ def split(
         if name == "means":
             children = (p[sel][None] + offsets).reshape(-1, 3)
         elif name == "scales":
-            children = (scales / 1.6).log().repeat(2, 1)
+            children = elementwise.log(scales / 1.6).repeat(2, 1)
         elif name == "opacities" and revised_opacity:
-            child_opacity = 1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))
-            children = torch.logit(child_opacity).repeat(2, *([1] * (p.dim() - 1)))
+            child_opacity = 1.0 - torch.sqrt(1.0 - elementwise.sigmoid(p[sel]))
+            children = elementwise.logit(child_opacity).repeat(2, *([1] * (p.dim() - 1)))
         else:
             children = p[sel].repeat(2, *([1] * (p.dim() - 1)))
         return torch.cat([p[rest], children])
@@ -216,22 +218,23 @@ def relocate(
     A sampled Gaussian and the dead ones moved onto it share its footprint (equation 9);
     their Adam moments restart.
     """
-    opac = torch.sigmoid(params["opacities"])
+    opac = elementwise.sigmoid(params["opacities"])
     dead_idx = dead.nonzero(as_tuple=True)[0]
     alive_idx = (~dead).nonzero(as_tuple=True)[0]
     if len(dead_idx) == 0 or len(alive_idx) == 0:
         return
     target = alive_idx[_sample(opac[alive_idx], len(dead_idx))]
     counts = torch.bincount(target, minlength=len(opac))[target] + 1
-    new_o, new_s = compute_relocation(opac[target], params["scales"][target].exp(), counts, table)
+    scales = elementwise.exp(params["scales"][target])
+    new_o, new_s = compute_relocation(opac[target], scales, counts, table)
     new_o = new_o.clamp(min=min_opacity, max=1.0 - torch.finfo(torch.float32).eps)
 
     def param_fn(name: str, p: Tensor) -> Tensor:
         p = p.clone()
         if name == "opacities":
-            p[target] = torch.logit(new_o)
+            p[target] = elementwise.logit(new_o)
         elif name == "scales":
-            p[target] = new_s.log()
+            p[target] = elementwise.log(new_s)
         p[dead_idx] = p[target]
         return p
 
@@ -249,18 +252,19 @@ def sample_add(
     params: Params, optimizers: Optimizers, n: int, table: Tensor, min_opacity: float
 ) -> None:
     """Append ``n`` Gaussians cloned from ones sampled by opacity (3DGS-MCMC)."""
-    opac = torch.sigmoid(params["opacities"])
+    opac = elementwise.sigmoid(params["opacities"])
     target = _sample(opac, n)
     counts = torch.bincount(target, minlength=len(opac))[target] + 1
-    new_o, new_s = compute_relocation(opac[target], params["scales"][target].exp(), counts, table)
+    scales = elementwise.exp(params["scales"][target])
+    new_o, new_s = compute_relocation(opac[target], scales, counts, table)
     new_o = new_o.clamp(min=min_opacity, max=1.0 - torch.finfo(torch.float32).eps)
 
     def param_fn(name: str, p: Tensor) -> Tensor:
         p = p.clone()
         if name == "opacities":
-            p[target] = torch.logit(new_o)
+            p[target] = elementwise.logit(new_o)
         elif name == "scales":
-            p[target] = new_s.log()
+            p[target] = elementwise.log(new_s)
         return torch.cat([p, p[target]])
 
     update_params(params, optimizers, param_fn, lambda v: torch.cat([v, _zeros_like_rows(v, n)]))
@@ -272,10 +276,10 @@ def inject_noise(params: Params, scale: float) -> None:
 
     ``noise = scale * sigmoid(100 (1 - opacity - 0.995)) * Sigma @ randn`` (3DGS-MCMC).
     """
-    opac = torch.sigmoid(params["opacities"])
+    opac = elementwise.sigmoid(params["opacities"])
     rot = quat_to_rotmat(params["quats"])
-    s2 = params["scales"].exp().square()
+    s2 = elementwise.exp(params["scales"]).square()
     covars = rot @ (s2[:, :, None] * rot.transpose(1, 2))  # R diag(s^2) R^T, [N, 3, 3]
-    gate = torch.sigmoid(100.0 * ((1.0 - opac) - 0.995))
+    gate = elementwise.sigmoid(100.0 * ((1.0 - opac) - 0.995))
     noise = torch.randn_like(params["means"]) * gate[:, None] * scale
     params["means"].add_(torch.einsum("nij,nj->ni", covars, noise))

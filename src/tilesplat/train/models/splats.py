@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ...keys import Key
+from ...ops import elementwise
 from ...optimizers.fused_adam import FusedAdam
 from .. import seams
 
@@ -183,8 +184,8 @@ def activated(params: Params | dict[str, Tensor], *, split_sh: bool = False) -> 
     return {
         "means": params["means"],
         "quats": params["quats"],
-        "scales": torch.exp(params["scales"]),
-        "opacities": torch.sigmoid(params["opacities"]),
+        "scales": elementwise.exp(params["scales"]),
+        "opacities": elementwise.sigmoid(params["opacities"]),
         "colors": sh if split_sh else torch.cat(sh, dim=1),
     }
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 from ...keys import Key
+from ...ops import elementwise
 from ...ops.deferred_checks import FiniteFlag, deferred_finite_checks
 from .. import seams
 from ..config import TrainConfig
@@ -128,9 +128,9 @@ def training_loss(
         return t.mean() if n_total is None else t.sum() / (n_total * math.prod(t.shape[1:]))
 
     if cfg.opacity_reg > 0.0:
-        loss = loss + cfg.opacity_reg * mean(torch.sigmoid(params["opacities"]))
+        loss = loss + cfg.opacity_reg * mean(elementwise.sigmoid(params["opacities"]))
     if cfg.scale_reg > 0.0:
-        loss = loss + cfg.scale_reg * mean(torch.exp(params["scales"]))
+        loss = loss + cfg.scale_reg * mean(elementwise.exp(params["scales"]))
     return loss
 
 

@@ -1,0 +1,113 @@
+"""The parameters' activations (``exp``, ``sigmoid``) and their inverses (``log``, ``logit``)
+with bits that do not depend on torch's thread count.
+
+On the CPU torch splits an elementwise op over more than :data:`GRAIN` elements into one
+share per thread. Each share runs a vectorised loop and leaves its last elements (fewer than
+two vectors) to a scalar loop; for the transcendental functions the two loops differ in the
+last bit for some inputs (the vector loop's exponential is SLEEF's, the scalar loop's the C
+library's). Which elements take the scalar loop, and so a run's trained bits, then change
+with the thread count: the tests' room capture, 3DGS recipe, seed 0, at 36,781 Gaussians,
+one torch thread against two, rendered other colours at step 903 from two opacities'
+sigmoids (elements 18,384 and 36,764, at the ends of the two threads' shares), and ended
+0.11 dB apart (37.08 against 37.19 dB). Here the op runs over fixed pieces of :data:`GRAIN`
+elements, each on one thread: the pieces and their scalar tails depend on the tensor's size
+alone, and on a contiguous tensor one thread gives torch's own bits (the pieces are whole
+multiples of every vector loop's stride; a strided tensor is made contiguous first). The
+gradients are torch's formulas, of exact operations only (``v * (1 - y) * y``, ``v * y``),
+so they keep that. On other devices the ops are torch's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+# at::internal::GRAIN_SIZE: torch runs an elementwise op over at most this many elements on
+# one thread; a multiple of every vector loop's stride (2 x 16 float32 lanes with AVX-512)
+GRAIN = 32_768
+
+
+def by_pieces(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
+    """``fn(x)`` for an elementwise torch function ``fn`` that takes ``out=``, computed over
+    pieces of :data:`GRAIN` elements on the CPU (the same bits for any thread count); ``fn(x)``
+    itself elsewhere or when ``x`` is one piece. No gradient flows (see :func:`exp`,
+    :func:`sigmoid`).
+
+    Args:
+        x: any shape. [...]
+
+    Returns:
+        a new tensor of ``x``'s shape and dtype. [...]
+    """
+    x = x.detach()
+    if x.device.type != "cpu" or x.numel() <= GRAIN:
+        return fn(x)
+    x = x.contiguous()
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    flat_x, flat_out = x.view(-1), out.view(-1)
+    for start in range(0, flat_x.numel(), GRAIN):
+        fn(flat_x[start:start + GRAIN], out=flat_out[start:start + GRAIN])
+    return out
+
+
+class _Exp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        y = by_pieces(torch.exp, x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, v_y: Tensor) -> Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return v_y * y
+
+
+class _Sigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        y = by_pieces(torch.sigmoid, x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, v_y: Tensor) -> Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return v_y * (1 - y) * y  # torch's sigmoid_backward, in its order
+
+
+def exp(x: Tensor) -> Tensor:
+    """``torch.exp(x)`` with the same bits for any thread count on the CPU (differentiable).
+
+    Args:
+        x: e.g. the log-scales. [...]
+    """
+    if x.device.type != "cpu" or x.numel() <= GRAIN:
+        return torch.exp(x)
+    return _Exp.apply(x) if x.requires_grad and torch.is_grad_enabled() else by_pieces(torch.exp, x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """``torch.sigmoid(x)`` with the same bits for any thread count on the CPU
+    (differentiable).
+
+    Args:
+        x: e.g. the opacity logits. [...]
+    """
+    if x.device.type != "cpu" or x.numel() <= GRAIN:
+        return torch.sigmoid(x)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Sigmoid.apply(x)
+    return by_pieces(torch.sigmoid, x)
+
+
+def log(x: Tensor) -> Tensor:
+    """``torch.log(x)``, the same bits for any thread count (no gradient). [...]"""
+    return by_pieces(torch.log, x)
+
+
+def logit(x: Tensor) -> Tensor:
+    """``torch.logit(x)``, the same bits for any thread count (no gradient). [...]"""
+    return by_pieces(torch.logit, x)
