@@ -14,7 +14,9 @@ elements, each on one thread: the pieces and their scalar tails depend on the te
 alone, and on a contiguous tensor one thread gives torch's own bits (the pieces are whole
 multiples of every vector loop's stride; a strided tensor is made contiguous first). The
 gradients are torch's formulas, of exact operations only (``v * (1 - y) * y``, ``v * y``),
-so they keep that. On other devices the ops are torch's own.
+so they keep that. On other devices the ops are torch's own. The cost: the pieces run one
+at a time; at 3 M Gaussians the scales' exp and the opacities' sigmoid, forward and backward,
+took 29.4 ms against torch's 26.4 (2 cores), where a CPU step takes seconds.
 """
 
 from __future__ import annotations
