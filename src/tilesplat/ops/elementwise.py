@@ -54,30 +54,33 @@ def by_pieces(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
     return out
 
 
-class _Exp(torch.autograd.Function):
+_TORCH = {"exp": torch.exp, "sigmoid": torch.sigmoid}
+
+
+class _Activation(torch.autograd.Function):
+    """``exp`` or ``sigmoid`` by pieces; the gradient from the saved output, as torch's."""
+
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        y = by_pieces(torch.exp, x)
+    def forward(ctx, x: Tensor, name: str) -> Tensor:  # type: ignore[override]
+        y = by_pieces(_TORCH[name], x)
         ctx.save_for_backward(y)
+        ctx.name = name
         return y
 
     @staticmethod
-    def backward(ctx, v_y: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, v_y: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (y,) = ctx.saved_tensors
-        return v_y * y
+        if ctx.name == "sigmoid":
+            return v_y * (1 - y) * y, None  # torch's sigmoid_backward, in its order
+        return v_y * y, None
 
 
-class _Sigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        y = by_pieces(torch.sigmoid, x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, v_y: Tensor) -> Tensor:  # type: ignore[override]
-        (y,) = ctx.saved_tensors
-        return v_y * (1 - y) * y  # torch's sigmoid_backward, in its order
+def _activation(name: str, x: Tensor) -> Tensor:
+    if x.device.type != "cpu" or x.numel() <= GRAIN:
+        return _TORCH[name](x)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Activation.apply(x, name)
+    return by_pieces(_TORCH[name], x)
 
 
 def exp(x: Tensor) -> Tensor:
@@ -86,9 +89,7 @@ def exp(x: Tensor) -> Tensor:
     Args:
         x: e.g. the log-scales. [...]
     """
-    if x.device.type != "cpu" or x.numel() <= GRAIN:
-        return torch.exp(x)
-    return _Exp.apply(x) if x.requires_grad and torch.is_grad_enabled() else by_pieces(torch.exp, x)
+    return _activation("exp", x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -98,11 +99,7 @@ def sigmoid(x: Tensor) -> Tensor:
     Args:
         x: e.g. the opacity logits. [...]
     """
-    if x.device.type != "cpu" or x.numel() <= GRAIN:
-        return torch.sigmoid(x)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _Sigmoid.apply(x)
-    return by_pieces(torch.sigmoid, x)
+    return _activation("sigmoid", x)
 
 
 def log(x: Tensor) -> Tensor:
