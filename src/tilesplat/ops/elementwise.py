@@ -31,6 +31,12 @@ from torch import Tensor
 GRAIN = 32_768
 
 
+def _one_piece(x: Tensor) -> bool:
+    """Whether torch's own op already gives ``x`` the same bits for any thread count: off
+    the CPU, or at most one piece."""
+    return x.device.type != "cpu" or x.numel() <= GRAIN
+
+
 def by_pieces(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
     """``fn(x)`` for an elementwise torch function ``fn`` that takes ``out=``, computed over
     pieces of :data:`GRAIN` elements on the CPU (the same bits for any thread count); ``fn(x)``
@@ -44,7 +50,7 @@ def by_pieces(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
         a new tensor of ``x``'s shape and dtype. [...]
     """
     x = x.detach()
-    if x.device.type != "cpu" or x.numel() <= GRAIN:
+    if _one_piece(x):
         return fn(x)
     x = x.contiguous()
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -76,7 +82,7 @@ class _Activation(torch.autograd.Function):
 
 
 def _activation(name: str, x: Tensor) -> Tensor:
-    if x.device.type != "cpu" or x.numel() <= GRAIN:
+    if _one_piece(x):
         return _TORCH[name](x)
     if x.requires_grad and torch.is_grad_enabled():
         return _Activation.apply(x, name)
