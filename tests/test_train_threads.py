@@ -30,6 +30,7 @@ def _trained(scene, run_dir, threads: int, strategy: str) -> Trainer:
         steps=12, init_points=33_001, sh_degree=1, sh_degree_interval=4, refine_start=3,
         refine_every=3, refine_stop=11, strategy=strategy, cap_max=40_000,
         revised_opacity=True, progress=False, lpips=False, backend="cpu", checkpoint_every=0,
+        torch_threads=threads,  # the loop's count (its default is one on a 2-core machine)
     ).validate()  # fmt: skip
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

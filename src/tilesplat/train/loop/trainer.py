@@ -59,6 +59,7 @@ from ..step.runner import ModelState, StepRunner
 from .progress import Progress
 from .stop import StopRequest
 from .tensorboard import NO_BOARD, open_board
+from .torch_threads import step_threads
 
 KEYS = (
     Key("checkpoint_every", 1000, "write a checkpoint every n steps (0: only at the end)", ge=0),
@@ -359,7 +360,7 @@ class Trainer:
         viewer = self._open_viewer()
         # a run that stopped early (its history says so) and is resumed stops again at once
         done = self.step >= cfg.steps or should_stop(cfg, self.history["test_psnr"])
-        with StopRequest() as stop:
+        with StopRequest() as stop, step_threads(cfg, self.device):
             try:
                 self.board = open_board(cfg, self.run_dir, self.step, self.history, self.writes)
                 while not done:
