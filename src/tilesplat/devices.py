@@ -1,5 +1,5 @@
-"""Device names and moving nested tensor structures between devices: the bench's arms, the
-trainer's state.
+"""Device names, the CPUs this process may use, and moving nested tensor structures between
+devices: the bench's arms, the trainer's state.
 
 A bottom-layer module (torch only), so that the bench's kernel checks, which a bare GPU
 machine runs with no more than torch and numba (``scripts/gpu_check.py``), need nothing of the
@@ -8,6 +8,7 @@ trainer or the data readers.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -19,6 +20,15 @@ CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 def is_cuda_name(device: str) -> bool:
     """Whether ``device`` names a GPU (``cuda`` or ``cuda:N``)."""
     return device == "cuda" or bool(CUDA_INDEX.match(device))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system has one, else the
+    machine's count; at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def to_device(obj: Any, device: torch.device | str) -> Any:

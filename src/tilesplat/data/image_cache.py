@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..devices import usable_cpus
 from ..io.images import to_float
 from .composite import composite
 
@@ -272,11 +273,7 @@ def new_key() -> int:
 
 def threads() -> int:
     """The decoding threads: the CPUs this process may use, at most :data:`MAX_THREADS`."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_THREADS, cpus))
+    return max(1, min(MAX_THREADS, usable_cpus()))
 
 
 def pool() -> ThreadPoolExecutor:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...devices import usable_cpus
 from ...keys import Key
 from .. import seams
 
@@ -56,9 +57,7 @@ def step_thread_count(cfg: TrainConfig, device: torch.device,
         return cfg.torch_threads
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+    cores = usable_cpus() if cores is None else cores
     return 1 if cores <= SMALL_MACHINE_CORES else None
 
 
