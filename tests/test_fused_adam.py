@@ -133,3 +133,40 @@ def test_no_dynamo_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_step_hooks_run_once_and_the_profiler_sees_the_step():
+    """``step`` skips torch's wrapper only while it has nothing to do: hooks registered on
+    the optimizer or on every optimizer run once per step, and a profiler records the
+    step's range."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    ours, opt, ref, ref_opt = _pair([(9, 3)])
+    assert not getattr(FusedAdam.step, "hooked", False)
+    calls = []
+    handles = [opt.register_step_pre_hook(lambda *a: calls.append("pre")),
+               opt.register_step_post_hook(lambda *a: calls.append("post")),
+               register_optimizer_step_pre_hook(lambda *a: calls.append("global pre")),
+               register_optimizer_step_post_hook(lambda *a: calls.append("global post"))]
+    try:
+        _grads(ours, 0)
+        _grads(ref, 0)
+        opt.step()
+        ref_opt.step()
+        assert calls.count("pre") == calls.count("post") == 1
+        assert calls.count("global pre") == calls.count("global post") == 2  # and torch's
+        _same(ours[0].detach(), ref[0].detach())
+    finally:
+        for h in handles:
+            h.remove()
+    calls.clear()
+    _grads(ours, 1)
+    opt.step()
+    assert calls == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _grads(ours, 2)
+        opt.step()
+    assert any(e.key == "Optimizer.step#FusedAdam.step" for e in prof.key_averages())

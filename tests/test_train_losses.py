@@ -132,12 +132,17 @@ def _squared_error_by_hand(render, target, masks):
     return sq[keep].sum() / (keep.sum() * r.shape[-1]) if keep.any() else math.nan
 
 
-@pytest.mark.parametrize("part", [1, 7, 1 << 16])
+@pytest.mark.parametrize("part", [1, 7, 1 << 16, "kernel"])
 @pytest.mark.parametrize("shape", [(1, 13, 17, 3), (2, 9, 31, 3), (1, 1, 1, 1)])
 def test_squared_error_in_parts_is_the_float64_mean(monkeypatch, part, shape):
-    """The CPU's parts (one pixel, a size that leaves a remainder, the default) give the
-    float64 mean of every element, or of the kept pixels; a NaN target under a hidden pixel
-    stays out; a mask that keeps nothing gives NaN; float64 images too."""
+    """The CPU kernel and torch's parts (one pixel, a size that leaves a remainder, the
+    default) give the float64 mean of every element, or of the kept pixels; a NaN target
+    under a hidden pixel stays out; a mask that keeps nothing gives NaN; float64 images
+    too."""
+    if part == "kernel":
+        part = 1 << 16
+    else:  # torch's parts, which other dtypes and devices take
+        monkeypatch.setattr(metrics, "_one_pass", lambda *a: False)
     monkeypatch.setattr(metrics, "CPU_PART_PIXELS", part)
     gen = torch.Generator().manual_seed(sum(shape) + part)
     render = torch.rand(shape, generator=gen)

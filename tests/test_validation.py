@@ -132,21 +132,25 @@ def test_finite_check_large_values_and_broadcast_inputs():
 
 
 def test_the_steps_deferred_check_is_exact():
-    """Inside the trainer's step the check records each tensor's extremes (aminmax): a NaN,
-    Inf or -Inf at any position of an odd-sized tensor is flagged, in float32, float64 and
+    """Inside the trainer's step the check records whether each tensor is finite (on the CPU
+    by its sum, and by its extremes, aminmax, where the sum is not finite): a NaN, Inf or
+    -Inf at any position of an odd-sized tensor is flagged, in float32, float64 and
     float16; finite values whose sum overflows (float32 and float64) are not; a bad tensor
     is named once, and the good ones not at all."""
     from tilesplat.ops.deferred_checks import FiniteFlag, deferred_finite_checks
     from tilesplat.ops.validation import check_finite
 
     def bad_names(**named):
-        flag = FiniteFlag()
-        with deferred_finite_checks(flag):
-            check_finite(named)
-        found = float(flag.found_inf(torch.device("cpu")))
-        names = flag.bad_names()
-        assert found == float(bool(names))
-        return names
+        got = []
+        for reads_free in (False, True):  # a device's step, and the CPU's (sums first)
+            flag = FiniteFlag(reads_free=reads_free)
+            with deferred_finite_checks(flag):
+                check_finite(named)
+            found = float(flag.found_inf(torch.device("cpu")))
+            got.append(flag.bad_names())
+            assert found == float(bool(got[-1]))
+        assert got[0] == got[1]
+        return got[0]
 
     for dtype in (torch.float32, torch.float64, torch.float16):
         for bad in (float("nan"), float("inf"), -float("inf")):

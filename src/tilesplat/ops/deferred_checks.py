@@ -10,7 +10,10 @@ made without waiting (:meth:`FiniteFlag.start_read` -> :class:`FlagRead`).
 
 Each tensor is checked by its smallest and largest values (``torch.aminmax``, which
 propagates NaN): both are finite exactly when every value is, in one pass in the tensor's
-own dtype, with no sum to overflow.
+own dtype, with no sum to overflow. A step on the CPU (``FiniteFlag(reads_free=True)``,
+where a host read costs nothing) checks the sums first, a third of that time: finite sums
+settle it, and only a sum that is not takes the extremes (``ops.validation.
+_finite_extremes``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class FiniteFlag:
     check failed, on the device of the checks, as fused Adam's ``found_inf`` takes it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reads_free: bool = False) -> None:
+        self.reads_free = reads_free  # the checks may read values back (a step on the CPU)
         self._names: list[tuple[str, ...]] = []
         self._finite: list[Tensor] = []
         self._found: Tensor | None = None

@@ -184,11 +184,20 @@ def _all_finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def _finite_extremes(tensors: Iterable[Tensor]) -> Tensor:
+def _finite_extremes(tensors: Iterable[Tensor], sums_first: bool = False) -> Tensor:
     """[2k] bool: whether each tensor's smallest and largest values (in turn) are finite;
     both are exactly when all its values are (``aminmax`` propagates NaN). One pass in the
     tensor's own dtype: no overflow to flag, and no float64 copy (a float32 tensor's
-    float64 sum costs ~50x its float32 one on the CPU)."""
+    float64 sum costs ~50x its float32 one on the CPU).
+
+    With ``sums_first`` (a step on the CPU, where reading a value back costs nothing), the
+    tensors' sums in their own dtype come first (a third of aminmax's time): finite sums
+    prove every value finite; a sum that is not (a NaN, an Inf, or finite values that
+    overflow it) leaves the answer to the extremes."""
+    tensors = list(tensors)
+    if sums_first and all(t.device.type == "cpu" for t in tensors):
+        if bool(torch.isfinite(torch.stack([t.sum() for t in tensors])).all()):
+            return torch.ones(2 * len(tensors), dtype=torch.bool)
     return torch.isfinite(torch.stack([x for t in tensors for x in torch.aminmax(t)]))
 
 
@@ -207,7 +216,8 @@ def check_finite(named: dict[str, Tensor | None]) -> None:
         return
     deferred = current_flag()
     if deferred is not None:  # the trainer's step: a device flag, read a step later
-        deferred.record(tuple(tensors), _finite_extremes(tensors.values()))
+        deferred.record(tuple(tensors), _finite_extremes(tensors.values(),
+                                                         deferred.reads_free))
         return
     sums = torch.stack([t.sum().to(torch.float64) for t in tensors.values()])
     if bool(torch.isfinite(sums).all()):

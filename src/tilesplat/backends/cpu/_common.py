@@ -114,7 +114,7 @@ def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def view(t: torch.Tensor) -> np.ndarray:
     """Zero-copy NumPy view of a contiguous CPU tensor (bool stays bool)."""
-    return t.detach().numpy()
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
     numel = 1
     for n in shape:
         numel *= int(n)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     if nbytes < MIN_BYTES or _use_count is None:
         return None
     cap = size_class(nbytes)

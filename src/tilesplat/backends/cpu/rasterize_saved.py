@@ -19,6 +19,8 @@ keeps two things in it, as one uint8 buffer:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -46,7 +48,7 @@ def float_shape(scheme: str, dtype: torch.dtype, n_img: int, height: int, width:
 def _layout(n_isects: int, n_sub: int, shape: tuple[int, ...] | None,
             np_dtype: np.dtype) -> tuple[int, int]:
     flag_bytes = (n_isects * n_sub + 7) // 8 * 8
-    float_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize if shape is not None else 0
+    float_bytes = math.prod(shape) * np.dtype(np_dtype).itemsize if shape is not None else 0
     return flag_bytes, float_bytes
 
 

@@ -24,6 +24,8 @@ convolutions do; the mean accumulates in float64.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from numba import njit
@@ -325,7 +327,14 @@ def _transposed_column(maps, p, m, q, t_lo, t_hi, w, dst):
 
 
 def _window(img: torch.Tensor, window_size: int, sigma: float) -> np.ndarray:
-    return view(gaussian_window(window_size, sigma, img.dtype, img.device))
+    """The reference's 1D window [window_size] in img's dtype, made once per size, sigma and
+    dtype (a training step asks for it twice); the kernels only read it."""
+    return _windows(window_size, sigma, img.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _windows(window_size: int, sigma: float, dtype: torch.dtype) -> np.ndarray:
+    return view(gaussian_window(window_size, sigma, dtype, torch.device("cpu")))
 
 
 def forward(

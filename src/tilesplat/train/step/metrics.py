@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ...backends.cpu.squared_error import squared_error_sum
 from .losses import ssim
 
 # pixels of one float64 part on the CPU: three temporaries of 1.5 MiB, reused from the heap
@@ -26,6 +27,15 @@ def _parts(pixels: int, device: torch.device, size: int) -> list[slice]:
     return [slice(i, i + step) for i in range(0, max(pixels, 1), step)]
 
 
+def _one_pass(r: Tensor, t: Tensor, masks: Tensor | None) -> bool:
+    """Whether the CPU kernel takes the sum (``backends/cpu/squared_error.py``): CPU images of
+    one float dtype it compiles for, a bool mask or none."""
+    return (r.device.type == "cpu" and t.device.type == "cpu" and r.dtype == t.dtype
+            and r.dtype in (torch.float32, torch.float64)
+            and (masks is None or (masks.device.type == "cpu" and masks.dtype == torch.bool
+                                   and masks.numel() == r.shape[0])))
+
+
 @torch.no_grad()
 def squared_error(render: Tensor, target: Tensor, masks: Tensor | None = None) -> Tensor:
     """Mean squared error over the pixels ``masks`` keeps (every pixel for None), a float64
@@ -34,23 +44,29 @@ def squared_error(render: Tensor, target: Tensor, masks: Tensor | None = None) -
     bool or None.
 
     The differences are taken in float64 (exact for float32 images). On the CPU they are
-    taken :data:`CPU_PART_PIXELS` pixels at a time: whole float64 copies of a 1920x1080
-    image are ~150 MB of fresh pages at every step (a call took 43-57 ms of a training
-    step, 11-14 ms in parts; docs/benchmarks.md). A GPU takes the image in one part."""
+    summed in one pass by a kernel (``backends/cpu/squared_error.py``; torch's five passes
+    took ~160 us of a 200x200 training step), or, for other dtypes, :data:`CPU_PART_PIXELS`
+    pixels at a time: whole float64 copies of a 1920x1080 image are ~150 MB of fresh pages at
+    every step (a call took 43-57 ms of a training step, 11-14 ms in parts;
+    docs/benchmarks.md). A GPU takes the image in one part."""
     if render.shape != target.shape:
         raise ValueError(
             f"psnr: images differ in shape, {tuple(render.shape)} vs {tuple(target.shape)}"
         )
     channels = render.shape[-1]
     r, t = render.reshape(-1, channels), target.reshape(-1, channels)
-    keep = None if masks is None else masks.reshape(-1, 1)
-    sums = []
-    for part in _parts(r.shape[0], render.device, CPU_PART_PIXELS):
-        sq = (r[part].double() - t[part].double()).square_()
-        if keep is not None:  # where, not a product: a NaN under a hidden pixel stays out
-            sq = torch.where(keep[part], sq, 0.0)
-        sums.append(sq.sum())
-    total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+    if _one_pass(r, t, masks):
+        keep1 = None if masks is None else masks.reshape(-1)
+        total = torch.tensor(squared_error_sum(r, t, keep1), dtype=torch.float64)
+    else:
+        keep = None if masks is None else masks.reshape(-1, 1)
+        sums = []
+        for part in _parts(r.shape[0], render.device, CPU_PART_PIXELS):
+            sq = (r[part].double() - t[part].double()).square_()
+            if keep is not None:  # where, not a product: a NaN under a hidden pixel stays out
+                sq = torch.where(keep[part], sq, 0.0)
+            sums.append(sq.sum())
+        total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
     if masks is None:
         return total / r.numel()
     kept = masks.sum()

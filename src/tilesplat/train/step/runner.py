@@ -169,7 +169,10 @@ class StepRunner:
 
     def _queue(self, step: int, batch: Batch, set_rates: bool = True) -> Attempt:
         """The eager step (or what a CUDA graph captures, ``set_rates=False``)."""
-        finite = FiniteFlag()  # the step's NaN/Inf checks, read after the next step is queued
+        # the step's NaN/Inf checks, read after the next step is queued; on the CPU (no
+        # device to wait for) they may read values back
+        finite = FiniteFlag(reads_free=self.device.type == "cpu"
+                            and self.plan.cfg.backend != "cuda")
         capacity = None
         if self.capacity is not None:
             capacity = self.capacity.for_step(self.model.params,
