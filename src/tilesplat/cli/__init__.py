@@ -18,6 +18,7 @@ import pkgutil
 import sys
 
 from ..io.atomic import DiskFullError
+from ._exit import exit_now
 
 # what the library raises for bad input (ops/validation.py, train/config.py, the file readers)
 USER_ERRORS = (ValueError, FileNotFoundError, NotImplementedError, DiskFullError)
@@ -59,5 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def console() -> None:
+    """The ``tilesplat`` program: :func:`main`, then the process ends without the teardown of
+    its modules (:func:`._exit.exit_now`)."""
+    try:
+        code: object = main()
+    except SystemExit as exc:  # argparse's --help and usage errors
+        code = exc.code
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

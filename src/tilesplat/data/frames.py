@@ -115,6 +115,12 @@ class Frame:
         """[H, W, 1] float32 when the source had alpha, else None."""
         return self.pixels.tensors()[1] if self.pixels.has_alpha else None
 
+    def image_and_alpha(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(:attr:`image`, :attr:`alpha`) from one decode: each property decodes on its own
+        (an RGBA image composited again, ~0.2 ms at 200x200)."""
+        image, alpha = self.pixels.tensors()
+        return image, alpha if self.pixels.has_alpha else None
+
     @property
     def mask(self) -> torch.Tensor | None:
         """[H, W] bool, the pixels the loss and the masked metrics count (a user's mask, and

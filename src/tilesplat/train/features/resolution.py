@@ -107,13 +107,14 @@ def downscaled(frame: Frame, factor: int) -> Frame:
     K = frame.K.clone()
     K[0, :] *= sx
     K[1, :] *= sy
+    image, alpha = frame.image_and_alpha()
     return dataclasses.replace(
         frame,
         K=K,
         width=width,
         height=height,
-        image=_area(frame.image, height, width),
-        alpha=None if frame.alpha is None else _area(frame.alpha, height, width),
+        image=_area(image, height, width),
+        alpha=None if alpha is None else _area(alpha, height, width),
         mask=None if frame.mask is None else _all_kept(frame.mask, height, width),
     )
 

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from ...backends.cpu.heap import keep_freed_heap
 from ...data.dataset import SceneDataset
-from ...data.pixels import prefetch
 from ...devices import to_device
 from ...keys import Key
 from .. import seams
@@ -56,6 +55,7 @@ from ..step.device import device_frames, runs_cuda_kernels, training_device
 from ..step.metrics import psnr_of_mse
 from ..step.optimization import StepPlan
 from ..step.runner import ModelState, StepRunner
+from .frames_ahead import FramesAhead
 from .progress import Progress
 from .stop import StopRequest
 from .tensorboard import NO_BOARD, open_board
@@ -138,7 +138,7 @@ class Trainer:
             self._load_state(checkpoint)
         strategy.check_sanity(self.params, self.optimizers)
         self.order = CameraOrder(len(dataset.train), cfg.batch_size, cfg.seed)
-        self._ahead: dict[int, list[int]] = {}  # this rank's cameras of the next step
+        self._ahead = FramesAhead(self.coarse, self.device)  # this rank's frames of the next step
         self.parallel = parallel_mode(cfg)
         self.strategy = self.parallel.attach(cfg, self.params, self.optimizers,
                                              self.strategy_state, strategy)
@@ -307,14 +307,17 @@ class Trainer:
             (loss [], squared error [] float64: the mean over the batch's pixels of the
             clamped render against the target), on the training device, not read back.
         """
-        indices = self._ahead.pop(step, None) or self.parallel.my_cameras(
-            self.batch_indices(step))
         factor = self.plan.downscale_factor(step)
-        batch = make_batch([self.coarse.frame(i, factor) for i in indices], self.background,
-                           self.cfg.random_background, views=indices).to(self.device)
-        if step + 1 < self.cfg.steps:  # the next step's images decode while this one runs
-            self._ahead = {step + 1: self.parallel.my_cameras(self.batch_indices(step + 1))}
-            prefetch(self.train_frames[i].pixels for i in self._ahead[step + 1])
+        ahead = self._ahead.take(step, factor)
+        if ahead is None:
+            indices = self.parallel.my_cameras(self.batch_indices(step))
+            ahead = indices, self._ahead.frames(indices, factor)
+        indices, frames = ahead
+        batch = make_batch(frames, self.background, self.cfg.random_background,
+                           views=indices).to(self.device)
+        if step + 1 < self.cfg.steps:  # the next step's frames are made while this one runs
+            self._ahead.submit(step + 1, self.parallel.my_cameras(self.batch_indices(step + 1)),
+                               self.plan.downscale_factor(step + 1))
         return self.steps.run(step, batch)
 
     def count_views(self, params: dict[str, Tensor], factor: int) -> Tensor:

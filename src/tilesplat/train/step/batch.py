@@ -79,13 +79,15 @@ def make_batch(
     """
     viewmats = torch.stack([f.viewmat for f in frames]).float()
     Ks = torch.stack([f.K for f in frames]).float()
-    target = torch.stack([f.image for f in frames]).float()  # [C, H, W, 3]
+    pixels = [f.image_and_alpha() if random_background else (f.image, None) for f in frames]
+    target = torch.stack([image for image, _ in pixels]).float()  # [C, H, W, 3]
     background = background.to(target.device)
     n_cams = len(frames)
     if random_background:
         bg = torch.rand(n_cams, 3).to(target.device)
-        if all(f.alpha is not None for f in frames):
-            alpha = torch.stack([f.alpha for f in frames]).float()  # [C, H, W, 1]
+        alphas = [alpha for _, alpha in pixels]
+        if all(a is not None for a in alphas):
+            alpha = torch.stack(alphas).float()  # [C, H, W, 1]
             target = recomposite(target, alpha, background, bg)
     else:
         bg = background.expand(n_cams, 3)
