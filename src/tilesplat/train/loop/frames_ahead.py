@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,15 @@ def made(frame: Frame) -> Frame:
     return dataclasses.replace(frame, image=image, alpha=alpha)
 
 
+class _Pending(NamedTuple):
+    """Frames submitted for ``step`` at ``factor``: their ``job`` (None where only decoded)."""
+
+    step: int
+    factor: int
+    indices: list[int]
+    job: Future[list[Frame]] | None
+
+
 class FramesAhead:
     """The frames of one step ahead (see the module).
 
@@ -44,7 +54,7 @@ class FramesAhead:
     def __init__(self, coarse: CoarseFrames, device: torch.device) -> None:
         self.coarse = coarse
         self.make_ahead = device.type == "cpu"
-        self._next: tuple[int, list[int], Future[list[Frame]] | None, int] | None = None
+        self._next: _Pending | None = None
 
     def frames(self, indices: Sequence[int], factor: int) -> list[Frame]:
         """The frames ``indices`` at 1 / ``factor`` of their size, made now."""
@@ -58,14 +68,14 @@ class FramesAhead:
         else:
             prefetch(self.coarse.frames[i].pixels for i in indices)
             job = None
-        self._next = (step, list(indices), job, factor)
+        self._next = _Pending(step, factor, list(indices), job)
 
     def take(self, step: int, factor: int) -> tuple[list[int], list[Frame]] | None:
         """(indices, frames) of ``step`` when they were submitted for it at ``factor``, made
         (an error of their making raised here); None otherwise."""
         pending, self._next = self._next, None
-        if pending is None or pending[0] != step or pending[3] != factor:
+        if pending is None or (pending.step, pending.factor) != (step, factor):
             return None
-        _, indices, job, _ = pending
-        frames = job.result() if job is not None else self.frames(indices, factor)
-        return indices, frames
+        if pending.job is None:
+            return pending.indices, self.frames(pending.indices, factor)
+        return pending.indices, pending.job.result()

@@ -309,10 +309,11 @@ class Trainer:
         """
         factor = self.plan.downscale_factor(step)
         ahead = self._ahead.take(step, factor)
-        if ahead is None:
+        if ahead is not None:
+            indices, frames = ahead
+        else:
             indices = self.parallel.my_cameras(self.batch_indices(step))
-            ahead = indices, self._ahead.frames(indices, factor)
-        indices, frames = ahead
+            frames = self._ahead.frames(indices, factor)
         batch = make_batch(frames, self.background, self.cfg.random_background,
                            views=indices).to(self.device)
         if step + 1 < self.cfg.steps:  # the next step's frames are made while this one runs

@@ -79,7 +79,7 @@ def make_batch(
     """
     viewmats = torch.stack([f.viewmat for f in frames]).float()
     Ks = torch.stack([f.K for f in frames]).float()
-    pixels = [f.image_and_alpha() if random_background else (f.image, None) for f in frames]
+    pixels = [f.image_and_alpha() for f in frames]  # one decode each, as f.image alone
     target = torch.stack([image for image, _ in pixels]).float()  # [C, H, W, 3]
     background = background.to(target.device)
     n_cams = len(frames)
