@@ -91,6 +91,27 @@ def test_the_pool_stays_within_its_bound(monkeypatch):
     assert buffer_pool.limit_bytes() == buffer_pool.DEFAULT_MB << 20
 
 
+def test_an_idle_buffer_behind_one_in_use_makes_room(monkeypatch):
+    # the pool's oldest buffer is in use, the next one idle: a third size class frees the
+    # idle one alone (found at 1 M Gaussians, where the pool fills: the eviction compared
+    # tensors of different sizes and raised)
+    cap = buffer_pool.size_class(BIG[0] * 4)
+    monkeypatch.setenv("TILESPLAT_BUFFER_POOL_MB", str((3 * cap) >> 20))
+    held = buffer_pool.take(BIG, torch.float32)
+    other = (BIG[0] * 9 // 8,)
+    idle = buffer_pool.take(other, torch.float32)
+    assert held is not None and idle is not None
+    idle_base = _base(idle)
+    del idle
+    third = buffer_pool.take((BIG[0] * 5 // 4,), torch.float32)
+    assert third is not None and _base(third) != idle_base
+    assert buffer_pool.held_bytes() <= buffer_pool.limit_bytes()
+    held.fill_(2.0)  # the buffer in use stayed the caller's
+    del third
+    again = buffer_pool.take(BIG, torch.float32)  # another buffer: held is still in use
+    assert again is not None and _base(again) != _base(held)
+
+
 def test_alloc_poisons_pooled_buffers():
     from tilesplat.backends.cpu._common import set_poison
 

@@ -77,11 +77,14 @@ def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         buf = next((b for b in _buffers if b.numel() == cap and _idle(b)), None)
         if buf is None:
             held = sum(b.numel() for b in _buffers)
+            freed: set[int] = set()
             for old in [b for b in _buffers if _idle(b)]:  # oldest first
                 if held + cap <= limit:
                     break
-                _buffers.remove(old)
+                freed.add(id(old))
                 held -= old.numel()
+            # by identity: ``list.remove`` would compare the tensors before it element-wise
+            _buffers[:] = [b for b in _buffers if id(b) not in freed]
             if held + cap > limit:
                 return None
             buf = torch.empty(cap, dtype=torch.uint8)

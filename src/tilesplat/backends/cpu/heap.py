@@ -11,10 +11,13 @@ pooled by ``buffer_pool``), and up to :data:`TRIM_BYTES` of free heap stay mappe
 changes. The memory kept is memory the process had already taken and freed, handed out again
 by the next allocations, and bounded by :data:`TRIM_BYTES`.
 
-What is kept is given back with :func:`return_freed_heap` when the training ends. Returning
-it also where a step's buffers change size (an edit of the Gaussians, the resolution
-schedule's next size, an evaluation) cost 1.4-2.7 % more CPU (the pages faulted in again)
-for 0.6-1.6 % less peak memory, and is not done (docs/training.md, "The object's memory").
+What is kept is given back with :func:`return_freed_heap` when the training ends, and after
+each step whose edits changed the number of Gaussians: an edit replaces every per-Gaussian
+tensor by one of another size, and the freed ones fit none of the later steps' buffers (the
+room at 512x384, fast recipe: a 576-605 MiB peak instead of 658-708; docs/training.md, "The
+edits' freed heap"). Returning it at every change of a step's sizes (the resolution
+schedule's next size, an evaluation as well) cost 1.4-2.7 % more CPU for 0.6-1.6 % less peak
+memory, and is not done (docs/training.md, "The object's memory").
 """
 
 from __future__ import annotations

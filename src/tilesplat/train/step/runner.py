@@ -7,7 +7,8 @@ promise of issue 21's sync-free step:
 - each step is *queued* (render, loss, backward, Adam: an :class:`Attempt`), eagerly or as a
   replay of its CUDA graph (``cuda_graph.py``), then *finished* (the strategy's
   ``step_post_backward``, the parallel mode's ``after_step``, the spatial sort, the averaged
-  model) and its flag's host copy started;
+  model, on the CPU the heap's free memory returned where the edits changed the count) and
+  its flag's host copy started;
 - the flag of a step is read when the next step has been queued: a NaN or Inf raises, naming
   the step (its update was skipped on the device); an overflow of the intersection capacity
   (``capacity.py``) grows it and redoes the skipped steps, in order, with their batches;
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...backends.cpu.heap import return_freed_heap
 from ...ops.deferred_checks import FiniteFlag, FlagRead
 from ...ops.intersect_capacity import OVERFLOW, intersection_capacity
 from ...strategy import Strategy
@@ -186,9 +188,11 @@ class StepRunner:
         return Attempt(step, batch, finite, res)
 
     def _finish(self, attempt: Attempt) -> None:
-        """The strategy's and the parallel mode's part of a queued step, the average, and the
-        start of its flag's read."""
+        """The strategy's and the parallel mode's part of a queued step, the average, the
+        heap's free memory returned after an edit of the count (on the CPU), and the start of
+        its flag's read."""
         model, plan, step = self.model, self.plan, attempt.step
+        count = model.params["means"].shape[0]
         info = plan.parallel.densify_info(attempt.res.info, plan.model.gradient_key,
                                           plan.cfg.batch_size)
         if self.capacity is not None:  # a skipped step adds nothing to the statistics
@@ -202,6 +206,11 @@ class StepRunner:
             self.order.after_edits(model.params, model.optimizers, model.strategy_state)
         if self.average is not None:
             self._update_average(step, attempt)
+        if self.device.type == "cpu" and model.params["means"].shape[0] != count:
+            # the edit replaced every per-Gaussian tensor (the parameters, Adam's moments, the
+            # average) by larger or smaller ones: the freed ones fit none of the next steps'
+            # sizes and stayed resident (docs/training.md, "The edits' freed heap")
+            return_freed_heap()
         attempt.read = attempt.finite.start_read()
 
     def _update_average(self, step: int, attempt: Attempt) -> None:
