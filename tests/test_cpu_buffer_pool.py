@@ -104,9 +104,8 @@ def test_an_idle_buffer_behind_one_in_use_makes_room(monkeypatch):
     idle_base = _base(idle)
     del idle
     third = buffer_pool.take((BIG[0] * 5 // 4,), torch.float32)
-    assert third is not None and _base(third) != idle_base
+    assert third is not None and _base(third) not in (idle_base, _base(held))
     assert buffer_pool.held_bytes() <= buffer_pool.limit_bytes()
-    held.fill_(2.0)  # the buffer in use stayed the caller's
     del third
     again = buffer_pool.take(BIG, torch.float32)  # another buffer: held is still in use
     assert again is not None and _base(again) != _base(held)
